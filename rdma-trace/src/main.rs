@@ -1,0 +1,97 @@
+//! rdma-trace: latency histograms of the Linux RDMA completion path, with eBPF.
+
+mod bpf;
+mod cmd;
+mod error;
+mod hist;
+mod kernel;
+
+use std::{process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand};
+
+use crate::error::{Unsupported, exit};
+
+#[derive(Parser)]
+#[command(
+    name = "rdma-trace",
+    version,
+    about = "Latency histograms of the Linux RDMA completion path, with eBPF",
+    after_help = "Exit codes: 0 ok; 1 failure; 2 bad usage; 3 the kernel or privileges lack what a probe \
+                  needs (no kprobes, no such function, not root). With a COMMAND, a command that fails \
+                  makes rdma-trace exit with its status.\n\n\
+                  Examples:\n  sudo rdma-trace softirqs --duration 5\n  \
+                  sudo rdma-trace funclat ib_uverbs_comp_handler -- ibv_rc_pingpong -e -d rxe0 -g 1 10.0.0.2"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Time every softirq vector (NET_RX, TASKLET, ...) with the irq:softirq_* tracepoints.
+    Softirqs(cmd::softirqs::Args),
+    /// Count and time calls of kernel functions (kprobe + kretprobe).
+    Funclat(cmd::funclat::Args),
+}
+
+/// Parse a positive number of seconds (`2`, `0.5`).
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(Duration::from_secs_f64(v)),
+        _ => Err(format!("`{s}` is not a positive number of seconds")),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rdma-trace: could not start the async runtime: {e}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    let result = runtime.block_on(async {
+        match &cli.cmd {
+            Cmd::Softirqs(a) => cmd::softirqs::run(a).await.map(|()| None),
+            Cmd::Funclat(a) => cmd::funclat::run(a).await,
+        }
+    });
+    match result {
+        Ok(Some(status)) if status != 0 => {
+            eprintln!("rdma-trace: the traced command exited with status {status}");
+            ExitCode::from(u8::try_from(status).unwrap_or(exit::FAILURE))
+        }
+        Ok(_) => ExitCode::from(exit::OK),
+        Err(e) => {
+            eprintln!("rdma-trace: {e:#}");
+            if e.downcast_ref::<Unsupported>().is_some() {
+                ExitCode::from(exit::UNSUPPORTED)
+            } else {
+                ExitCode::from(exit::FAILURE)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_parser_rejects_nonsense() {
+        assert_eq!(parse_seconds("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_seconds("0.25").unwrap(), Duration::from_millis(250));
+        for bad in ["0", "-1", "abc", "inf", "NaN", ""] {
+            assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
+    }
+}
