@@ -1,0 +1,12 @@
+//! Rust ports of classic RDMA verbs demos on `rdma-sys`.
+//!
+//! * [`verbs`]: safe RAII wrappers over libibverbs; the only module with `unsafe` code.
+//! * [`sysfs`]: what `/sys/class/infiniband` shows (device presence, drivers, GID attributes).
+//! * [`devices`]: the `devices` subcommand (inventory, text and JSON output).
+
+#![deny(unsafe_code)]
+
+pub mod devices;
+pub mod sysfs;
+#[allow(unsafe_code)]
+pub mod verbs;

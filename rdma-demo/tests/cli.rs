@@ -1,0 +1,141 @@
+//! The `rdma-demo` binary on this host, whatever RDMA it has: the assertions branch on what
+//! `/sys/class/infiniband` shows.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn rdma_demo(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rdma-demo"))
+        .args(args)
+        .output()
+        .expect("run rdma-demo")
+}
+
+fn stderr_lines(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// RDMA device names in sysfs; empty if the class directory is missing or empty.
+fn sysfs_devices() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(Path::new("/sys/class/infiniband")) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = dir
+        .map(|e| {
+            e.expect("read /sys/class/infiniband")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn devices_lists_or_explains_absence() {
+    let out = rdma_demo(&["devices"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let devices = sysfs_devices();
+    if devices.is_empty() {
+        assert_eq!(out.status.code(), Some(3), "stdout: {stdout}");
+        let lines = stderr_lines(&out);
+        assert_eq!(lines.len(), 1, "want one stderr line: {lines:?}");
+        assert!(
+            lines[0].starts_with("rdma-demo: no RDMA devices: "),
+            "{lines:?}"
+        );
+        assert!(lines[0].contains("/sys/class/infiniband"), "{lines:?}");
+        assert!(
+            lines[0].contains("rdma link add rxe0 type rxe netdev"),
+            "{lines:?}"
+        );
+        assert!(stdout.is_empty(), "{stdout}");
+    } else {
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "stderr: {:?}",
+            stderr_lines(&out)
+        );
+        for dev in &devices {
+            assert!(
+                stdout.lines().any(|l| l == format!("device {dev}")),
+                "{dev} missing:\n{stdout}"
+            );
+        }
+    }
+}
+
+#[test]
+fn devices_json_lists_or_explains_absence() {
+    let out = rdma_demo(&["devices", "--json"]);
+    let devices = sysfs_devices();
+    if devices.is_empty() {
+        assert_eq!(out.status.code(), Some(3));
+        let lines = stderr_lines(&out);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("rdma-demo: no RDMA devices: "),
+            "{lines:?}"
+        );
+    } else {
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "stderr: {:?}",
+            stderr_lines(&out)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+        let names: Vec<&str> = v["devices"]
+            .as_array()
+            .expect("devices array")
+            .iter()
+            .map(|d| d["name"].as_str().expect("name"))
+            .collect();
+        for dev in &devices {
+            assert!(names.contains(&dev.as_str()), "{dev} not in {names:?}");
+        }
+    }
+}
+
+#[test]
+fn unknown_device_exits_3_with_one_line() {
+    let out = rdma_demo(&["devices", "-d", "nosuchdev"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(out.stdout.is_empty());
+    let lines = stderr_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    if sysfs_devices().is_empty() {
+        assert!(
+            lines[0].starts_with("rdma-demo: no RDMA devices: "),
+            "{lines:?}"
+        );
+    } else {
+        assert!(
+            lines[0].starts_with("rdma-demo: no RDMA device named \"nosuchdev\" (available: "),
+            "{lines:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_flag_is_a_usage_error() {
+    let out = rdma_demo(&["devices", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--no-such-flag"));
+    assert_eq!(rdma_demo(&["no-such-subcommand"]).status.code(), Some(2));
+}
+
+#[test]
+fn help_lists_exit_codes() {
+    let out = rdma_demo(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Exit codes:"), "{help}");
+    assert!(help.contains("3  no RDMA device"), "{help}");
+    assert!(help.contains("devices"), "{help}");
+}

@@ -1,0 +1,273 @@
+//! `cargo xtask test`: every test layer, in order, with a summary at the end.
+//!
+//! 1. `cargo fmt --check`, 2. the eBPF object, 3. clippy `-D warnings` (all targets, including
+//! the `host` and `guest` test targets), 4. unit and CLI tests (`cargo test`), 5. host eBPF
+//! tests (the `host` targets; root), 6. guest tests (the `guest` targets) inside the QEMU test
+//! bed on Debian 6.1 and 6.12. A layer is skipped only when a flag asks for it, and the summary
+//! says so.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    build_ebpf, setup,
+    util::{describe, is_root, root, say, target_dir},
+    vm,
+};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Skip the host eBPF tests (they need root).
+    #[arg(long)]
+    skip_host: bool,
+    /// Skip the guest tests (they boot QEMU guests, ~1 min each under TCG).
+    #[arg(long)]
+    skip_guest: bool,
+    /// Guest kernels to test (default: all).
+    #[arg(long = "kernel", value_enum)]
+    kernels: Vec<vm::Kernel>,
+}
+
+/// What one layer did.
+struct Step {
+    name: String,
+    outcome: Outcome,
+    secs: f64,
+    /// `test result:` lines of the test runners it ran.
+    summaries: Vec<String>,
+}
+
+enum Outcome {
+    Passed,
+    Failed(String),
+    Skipped(String),
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let t0 = Instant::now();
+    setup::ensure()?;
+    let mut steps: Vec<Step> = Vec::new();
+
+    step(&mut steps, "fmt", || cargo(&["fmt", "--all", "--", "--check"]));
+    step(&mut steps, "build-ebpf", || {
+        build_ebpf::run(&build_ebpf::Args { release: false }).map(|_| Vec::new())
+    });
+    let special = special_test_targets()?;
+    step(&mut steps, "clippy", || {
+        let mut summaries = cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
+        for (package, target) in &special {
+            summaries.extend(cargo(&["clippy", "-p", package, "--test", target, "--", "-D", "warnings"])?);
+        }
+        Ok(summaries)
+    });
+    step(&mut steps, "unit and CLI tests", || cargo(&["test"]));
+
+    let host: Vec<_> = special.iter().filter(|(_, t)| t == "host").collect();
+    if args.skip_host {
+        skip(&mut steps, "host eBPF tests", "--skip-host was given");
+    } else {
+        step(&mut steps, "host eBPF tests", || {
+            if !is_root() {
+                bail!("the host eBPF tests load BPF programs: run as root, or pass --skip-host");
+            }
+            let mut summaries = Vec::new();
+            for (package, target) in &host {
+                summaries.extend(cargo(&["test", "-p", package, "--test", target])?);
+            }
+            Ok(summaries)
+        });
+    }
+
+    let kernels = if args.kernels.is_empty() {
+        vec![vm::Kernel::V6_1, vm::Kernel::V6_12]
+    } else {
+        args.kernels.clone()
+    };
+    if args.skip_guest {
+        skip(&mut steps, "guest tests", "--skip-guest was given");
+    } else {
+        let guest: Vec<_> = special.iter().filter(|(_, t)| t == "guest").collect();
+        let mut executables = Vec::new();
+        step(&mut steps, "build for the guest", || {
+            cargo(&["build"])?;
+            for (package, target) in &guest {
+                executables.push(test_executable(package, target)?);
+            }
+            Ok(Vec::new())
+        });
+        for kernel in kernels {
+            let name = format!("guest tests on {}", kernel.name());
+            if executables.len() != guest.len() {
+                skip(&mut steps, &name, "the guest build failed");
+                continue;
+            }
+            step(&mut steps, &name, || guest_tests(kernel, &executables));
+        }
+    }
+
+    println!("\n===== cargo xtask test: summary ({:.0} s) =====", t0.elapsed().as_secs_f64());
+    let mut failed = 0;
+    for s in &steps {
+        let (mark, detail) = match &s.outcome {
+            Outcome::Passed => ("PASS", String::new()),
+            Outcome::Failed(why) => {
+                failed += 1;
+                ("FAIL", format!(": {why}"))
+            }
+            Outcome::Skipped(why) => ("SKIP", format!(": {why}")),
+        };
+        println!("{mark} {:<28} {:>6.1} s{detail}", s.name, s.secs);
+        for line in &s.summaries {
+            println!("       {line}");
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} test layer(s) failed");
+    }
+    Ok(())
+}
+
+fn step(steps: &mut Vec<Step>, name: &str, f: impl FnOnce() -> Result<Vec<String>>) {
+    say(format!("=== {name}"));
+    let t = Instant::now();
+    let (outcome, summaries) = match f() {
+        Ok(s) => (Outcome::Passed, s),
+        Err(e) => {
+            eprintln!("[xtask] {name} failed: {e:#}");
+            (Outcome::Failed(format!("{e:#}")), Vec::new())
+        }
+    };
+    steps.push(Step { name: name.to_owned(), outcome, secs: t.elapsed().as_secs_f64(), summaries });
+}
+
+fn skip(steps: &mut Vec<Step>, name: &str, why: &str) {
+    say(format!("=== {name}: SKIPPED ({why})"));
+    steps.push(Step {
+        name: name.to_owned(),
+        outcome: Outcome::Skipped(why.to_owned()),
+        secs: 0.0,
+        summaries: Vec::new(),
+    });
+}
+
+/// Run cargo in the workspace, echoing its output; return the `test result:` lines.
+fn cargo(args: &[&str]) -> Result<Vec<String>> {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root()).args(args).stdout(Stdio::piped());
+    let desc = describe(&cmd);
+    let mut child = cmd.spawn().with_context(|| format!("could not start `{desc}`"))?;
+    let stdout = child.stdout.take().context("cargo stdout")?;
+    let summaries = echo_summaries(BufReader::new(stdout));
+    let status = child.wait().with_context(|| format!("waiting for `{desc}`"))?;
+    if !status.success() {
+        bail!("`{desc}` failed ({status})");
+    }
+    Ok(summaries)
+}
+
+/// Print every line and keep libtest's `test result:` lines.
+fn echo_summaries(input: impl BufRead) -> Vec<String> {
+    let mut summaries = Vec::new();
+    for line in input.lines().map_while(Result::ok) {
+        println!("{line}");
+        if let Some(pos) = line.find("test result:") {
+            summaries.push(line[pos..].to_owned());
+        }
+    }
+    summaries
+}
+
+/// `(package, target)` for every integration-test target named `host` or `guest`: they have
+/// `test = false`, so plain `cargo test` leaves them to this command.
+fn special_test_targets() -> Result<Vec<(String, String)>> {
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root())
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .output()
+        .context("running cargo metadata")?;
+    if !out.status.success() {
+        bail!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).context("parsing cargo metadata")?;
+    let mut found = Vec::new();
+    for package in meta["packages"].as_array().context("metadata packages")? {
+        for target in package["targets"].as_array().into_iter().flatten() {
+            let name = target["name"].as_str().unwrap_or_default();
+            let is_test = target["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test"));
+            if is_test && (name == "host" || name == "guest") {
+                found.push((package["name"].as_str().unwrap_or_default().to_owned(), name.to_owned()));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Build test target `target` of `package` and return its executable.
+fn test_executable(package: &str, target: &str) -> Result<PathBuf> {
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root())
+        .args(["test", "-p", package, "--test", target, "--no-run", "--message-format=json"])
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("building test {package}/{target}"))?;
+    if !out.status.success() {
+        bail!("building test {package}/{target} failed");
+    }
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if msg["reason"] == "compiler-artifact"
+            && msg["target"]["name"] == target
+            && msg["package_id"].as_str().is_some_and(|id| id.contains(&format!("/{package}#")) || id.contains(&format!("{package} ")))
+            && let Some(exe) = msg["executable"].as_str()
+        {
+            return Ok(PathBuf::from(exe));
+        }
+    }
+    bail!("cargo did not report an executable for test {package}/{target}")
+}
+
+/// Run every guest test executable in one boot of `kernel`; each writes its log to the
+/// results folder, which gives the summaries back.
+fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String>> {
+    let results = target_dir().join("vm-results").join(format!("test-{}", kernel.name()));
+    let _ = std::fs::remove_dir_all(&results);
+    std::fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
+    let mut script = String::from("rc=0\n");
+    for (i, exe) in executables.iter().enumerate() {
+        let log = results.join(format!("{i}.log"));
+        let (exe, log) = (vm::shell_quote(&exe.to_string_lossy()), vm::shell_quote(&log.to_string_lossy()));
+        script.push_str(&format!(
+            "echo \"== {exe}\"; {exe} --test-threads=1 > {log} 2>&1 || rc=1; cat {log}\n"
+        ));
+    }
+    script.push_str("exit $rc\n");
+    let code = vm::run_in_guest(&vm::GuestRun {
+        kernel,
+        timeout: Duration::from_secs(900),
+        cmd: vec![script],
+        ..Default::default()
+    })?;
+    let mut summaries = Vec::new();
+    for i in 0..executables.len() {
+        let log = std::fs::read_to_string(results.join(format!("{i}.log"))).unwrap_or_default();
+        summaries.extend(log.lines().filter_map(|l| l.find("test result:").map(|p| l[p..].to_owned())));
+    }
+    if summaries.len() != executables.len() {
+        bail!(
+            "guest exited with status {code}; {} of {} test runners reported a result",
+            summaries.len(),
+            executables.len()
+        );
+    }
+    if code != 0 {
+        bail!("guest tests failed (status {code}): {}", summaries.join("; "));
+    }
+    Ok(summaries)
+}
