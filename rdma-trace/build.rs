@@ -7,7 +7,8 @@ fn main() {
     let object = match std::env::var_os("RDMA_TRACE_EBPF_OBJECT") {
         Some(p) => PathBuf::from(p),
         None => {
-            let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+            let manifest =
+                PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
             let target = std::env::var_os("CARGO_TARGET_DIR")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| manifest.join("../target"));
@@ -23,5 +24,8 @@ fn main() {
         );
         std::process::exit(1);
     }
-    println!("cargo::rustc-env=RDMA_TRACE_EBPF_OBJECT={}", object.display());
+    println!(
+        "cargo::rustc-env=RDMA_TRACE_EBPF_OBJECT={}",
+        object.display()
+    );
 }

@@ -83,7 +83,11 @@ mod tests {
             x ^= x << 17;
             *s = x >> (x % 64);
         }
-        for v in samples.into_iter().chain((1..=4096).map(|v| v as u64)).chain([u64::MAX]) {
+        for v in samples
+            .into_iter()
+            .chain((1..=4096).map(|v| v as u64))
+            .chain([u64::MAX])
+        {
             if v == 0 {
                 continue;
             }
@@ -104,8 +108,14 @@ mod tests {
     #[test]
     fn indexes_do_not_overlap() {
         assert_eq!(softirq_hist_index(1, 0), SLOTS);
-        assert_eq!(func_hist_index(FUNC_SLOTS - 1, SLOTS - 1), FUNC_SLOTS * SLOTS - 1);
+        assert_eq!(
+            func_hist_index(FUNC_SLOTS - 1, SLOTS - 1),
+            FUNC_SLOTS * SLOTS - 1
+        );
         assert_eq!(func_counter(1, FC_ENTRY), NR_FC);
-        assert_eq!(func_counter(FUNC_SLOTS - 1, FC_RETURN_NO_ENTRY), FUNC_SLOTS * NR_FC - 1);
+        assert_eq!(
+            func_counter(FUNC_SLOTS - 1, FC_RETURN_NO_ENTRY),
+            FUNC_SLOTS * NR_FC - 1
+        );
     }
 }

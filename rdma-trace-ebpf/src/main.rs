@@ -12,11 +12,11 @@ use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
     macros::{kprobe, kretprobe, map, raw_tracepoint},
     maps::PerCpuArray,
-    programs::{ProbeContext, RetProbeContext, RawTracePointContext},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use rdma_trace_common::{
-    FC_ENTRY, FC_RETURN, FC_RETURN_NO_ENTRY, FUNC_SLOTS, NR_FC, NR_SOFTIRQS, SLOTS,
-    func_counter, func_hist_index, log2_slot, softirq_hist_index,
+    FC_ENTRY, FC_RETURN, FC_RETURN_NO_ENTRY, FUNC_SLOTS, NR_FC, NR_SOFTIRQS, SLOTS, func_counter,
+    func_hist_index, log2_slot, softirq_hist_index,
 };
 
 /// Start time of the running softirq, per vector (softirqs do not nest on one CPU).

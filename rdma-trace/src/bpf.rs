@@ -71,8 +71,8 @@ impl Bpf {
             .ebpf
             .map(map)
             .with_context(|| format!("map {map} is not in the eBPF object"))?;
-        let array: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(m).with_context(|| format!("map {map} is not a per-CPU array"))?;
+        let array: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(m)
+            .with_context(|| format!("map {map} is not a per-CPU array"))?;
         (first..first + len)
             .map(|i| {
                 array
@@ -86,7 +86,10 @@ impl Bpf {
 
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones use memcg and ignore it.
 fn raise_memlock() {
-    let rlim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    let rlim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
     // SAFETY: setrlimit reads the struct we pass and has no other preconditions; failure
     // (e.g. EPERM without CAP_SYS_RESOURCE) is harmless on memcg-accounted kernels.
     let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) };

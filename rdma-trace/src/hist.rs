@@ -12,7 +12,9 @@ pub struct Log2Hist {
 
 impl Default for Log2Hist {
     fn default() -> Self {
-        Self { buckets: [0; SLOTS as usize] }
+        Self {
+            buckets: [0; SLOTS as usize],
+        }
     }
 }
 
@@ -34,7 +36,11 @@ impl Log2Hist {
     /// Bounds of bucket `i`: `[2^i, 2^(i+1))`, with bucket 0 starting at 0.
     pub fn bounds(i: usize) -> (u64, u64) {
         let lo = if i == 0 { 0 } else { 1u64 << i };
-        let hi = if i + 1 >= 64 { u64::MAX } else { 1u64 << (i + 1) };
+        let hi = if i + 1 >= 64 {
+            u64::MAX
+        } else {
+            1u64 << (i + 1)
+        };
         (lo, hi)
     }
 
@@ -69,7 +75,11 @@ impl Log2Hist {
         (first..=last)
             .map(|i| {
                 let (lo_ns, hi_ns) = Self::bounds(i);
-                Bucket { lo_ns, hi_ns, count: self.buckets[i] }
+                Bucket {
+                    lo_ns,
+                    hi_ns,
+                    count: self.buckets[i],
+                }
             })
             .collect()
     }
@@ -81,7 +91,11 @@ impl Log2Hist {
         let max = rows.iter().map(|b| b.count).max().unwrap_or(0);
         let mut out = String::new();
         for b in rows {
-            let bar = if max == 0 { 0 } else { (b.count as u128 * width as u128 / max as u128) as usize };
+            let bar = if max == 0 {
+                0
+            } else {
+                (b.count as u128 * width as u128 / max as u128) as usize
+            };
             out.push_str(&format!(
                 "{:>12} -> {:<12} : {:<9} |{:<width$}|\n",
                 human_ns(b.lo_ns),
@@ -165,9 +179,23 @@ mod tests {
         let h = hist(&[(3, 2), (5, 1)]);
         let rows = h.buckets();
         assert_eq!(rows.len(), 3);
-        assert_eq!(rows[0], Bucket { lo_ns: 8, hi_ns: 16, count: 2 });
+        assert_eq!(
+            rows[0],
+            Bucket {
+                lo_ns: 8,
+                hi_ns: 16,
+                count: 2
+            }
+        );
         assert_eq!(rows[1].count, 0);
-        assert_eq!(rows[2], Bucket { lo_ns: 32, hi_ns: 64, count: 1 });
+        assert_eq!(
+            rows[2],
+            Bucket {
+                lo_ns: 32,
+                hi_ns: 64,
+                count: 1
+            }
+        );
     }
 
     #[test]

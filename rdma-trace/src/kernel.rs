@@ -32,7 +32,9 @@ impl Kernel {
 
     /// A kernel described by files below `root` (tests).
     pub fn at(root: impl AsRef<Path>) -> Self {
-        Self { root: root.as_ref().to_path_buf() }
+        Self {
+            root: root.as_ref().to_path_buf(),
+        }
     }
 
     fn path(&self, abs: &str) -> PathBuf {
@@ -48,7 +50,8 @@ impl Kernel {
 
     /// kprobes can be created through perf (the kprobe PMU, which aya uses).
     pub fn has_kprobes(&self) -> bool {
-        self.path("/sys/bus/event_source/devices/kprobe/type").is_file()
+        self.path("/sys/bus/event_source/devices/kprobe/type")
+            .is_file()
     }
 
     /// Look a function up in `/proc/kallsyms`.
@@ -74,7 +77,13 @@ pub fn find_function_in(text: &str, name: &str) -> Option<Symbol> {
             .map(|m| m.trim_start_matches('[').trim_end_matches(']').to_owned());
         match &mut found {
             Some(s) => s.occurrences += 1,
-            None => found = Some(Symbol { name: name.to_owned(), module, occurrences: 1 }),
+            None => {
+                found = Some(Symbol {
+                    name: name.to_owned(),
+                    module,
+                    occurrences: 1,
+                })
+            }
         }
     }
     found
@@ -85,14 +94,20 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> Kernel {
-        Kernel::at(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name))
+        Kernel::at(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(name),
+        )
     }
 
     #[test]
     fn rxe_guest_has_kprobes_tracepoints_and_rdma_functions() {
         let k = fixture("guest-6.1-rxe");
         assert!(k.has_kprobes());
-        let s = k.find_function("ib_uverbs_comp_handler").expect("in kallsyms");
+        let s = k
+            .find_function("ib_uverbs_comp_handler")
+            .expect("in kallsyms");
         assert_eq!(s.module.as_deref(), Some("ib_uverbs"));
         assert_eq!(s.occurrences, 1);
         let napi = k.find_function("__napi_poll").expect("vmlinux function");

@@ -11,11 +11,15 @@ use std::{
 
 /// Index of the RoCE v2 GID of `dev` that maps IPv4 address `ip` (from sysfs).
 fn roce_v2_gid_index(dev: &str, ip: [u8; 4]) -> u32 {
-    let want = format!("0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}", ip[0], ip[1], ip[2], ip[3]);
+    let want = format!(
+        "0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}",
+        ip[0], ip[1], ip[2], ip[3]
+    );
     let port = PathBuf::from(format!("/sys/class/infiniband/{dev}/ports/1"));
     for i in 0..16 {
         let gid = std::fs::read_to_string(port.join(format!("gids/{i}"))).unwrap_or_default();
-        let kind = std::fs::read_to_string(port.join(format!("gid_attrs/types/{i}"))).unwrap_or_default();
+        let kind =
+            std::fs::read_to_string(port.join(format!("gid_attrs/types/{i}"))).unwrap_or_default();
         if gid.trim() == want && kind.trim() == "RoCE v2" {
             return i;
         }
@@ -54,8 +58,14 @@ fn wait_listening(port: u16) {
 
 fn net_rx_total() -> u64 {
     let text = std::fs::read_to_string("/proc/softirqs").expect("/proc/softirqs");
-    let line = text.lines().find(|l| l.trim_start().starts_with("NET_RX:")).expect("NET_RX line");
-    line.split_whitespace().skip(1).map(|v| v.parse::<u64>().unwrap_or(0)).sum()
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("NET_RX:"))
+        .expect("NET_RX line");
+    line.split_whitespace()
+        .skip(1)
+        .map(|v| v.parse::<u64>().unwrap_or(0))
+        .sum()
 }
 
 /// `ibv_rc_pingpong` between rxe1 (server) and rxe0 (client), the client under
@@ -75,17 +85,37 @@ fn pingpong_under_funclat(event: bool, port: u16, iters: u32) -> serde_json::Val
     wait_listening(port);
     let json = std::env::temp_dir().join(format!("funclat-{port}.json"));
     let mut tracer = Command::new(env!("CARGO_BIN_EXE_rdma-trace"))
-        .args(["funclat", "ib_uverbs_comp_handler", "--json", json.to_str().unwrap(), "--"])
-        .args(["ibv_rc_pingpong", "-d", "rxe0", "-g", &g0, "-n", &iters_s, "-p", &port_s])
+        .args([
+            "funclat",
+            "ib_uverbs_comp_handler",
+            "--json",
+            json.to_str().unwrap(),
+            "--",
+        ])
+        .args([
+            "ibv_rc_pingpong",
+            "-d",
+            "rxe0",
+            "-g",
+            &g0,
+            "-n",
+            &iters_s,
+            "-p",
+            &port_s,
+        ])
         .args(mode)
         .arg("127.0.0.1")
         .spawn()
         .expect("start rdma-trace");
     let traced = wait_timeout(&mut tracer, Duration::from_secs(120));
     let served = wait_timeout(&mut server, Duration::from_secs(30));
-    assert!(traced.success(), "rdma-trace funclat (with the client) failed: {traced}");
+    assert!(
+        traced.success(),
+        "rdma-trace funclat (with the client) failed: {traced}"
+    );
     assert!(served.success(), "ibv_rc_pingpong server failed: {served}");
-    let report = serde_json::from_slice(&std::fs::read(&json).expect("JSON report")).expect("valid JSON");
+    let report =
+        serde_json::from_slice(&std::fs::read(&json).expect("JSON report")).expect("valid JSON");
     let _ = std::fs::remove_file(&json);
     report
 }
@@ -108,19 +138,35 @@ fn event_mode_calls_ib_uverbs_comp_handler() {
     let net_rx = net_rx_total() - before;
     let calls = comp_handler_calls(&report);
     // Each side arms its CQ and gets one event per send and per receive completion batch.
-    assert!(calls > 0, "no ib_uverbs_comp_handler calls in event mode: {report}");
-    assert!(calls >= u64::from(iters), "only {calls} calls for {iters} event-mode iterations");
+    assert!(
+        calls > 0,
+        "no ib_uverbs_comp_handler calls in event mode: {report}"
+    );
+    assert!(
+        calls >= u64::from(iters),
+        "only {calls} calls for {iters} event-mode iterations"
+    );
     let f = &report["functions"][0];
     assert_eq!(f["returns"], f["calls"], "every call returned: {f}");
     assert_eq!(f["duration"]["count"], f["calls"], "every call timed: {f}");
     // RoCE between rxe0 and rxe1 crosses the IP stack over the veth pair.
-    assert!(net_rx >= u64::from(iters), "NET_RX rose by {net_rx} only: traffic took rxe's loopback?");
+    assert!(
+        net_rx >= u64::from(iters),
+        "NET_RX rose by {net_rx} only: traffic took rxe's loopback?"
+    );
 }
 
 #[test]
 fn poll_mode_never_calls_ib_uverbs_comp_handler() {
     let before = net_rx_total();
     let report = pingpong_under_funclat(false, 18602, 500);
-    assert_eq!(comp_handler_calls(&report), 0, "poll mode must not take completion events: {report}");
-    assert!(net_rx_total() - before >= 500, "the ping-pong's packets did not cross NET_RX");
+    assert_eq!(
+        comp_handler_calls(&report),
+        0,
+        "poll mode must not take completion events: {report}"
+    );
+    assert!(
+        net_rx_total() - before >= 500,
+        "the ping-pong's packets did not cross NET_RX"
+    );
 }

@@ -53,7 +53,13 @@ fn loopback_traffic(d: Duration) -> std::thread::JoinHandle<u64> {
 fn softirqs_counts_net_rx_under_loopback_traffic() {
     let json = temp_path("softirqs.json");
     let traffic = loopback_traffic(Duration::from_secs(3));
-    let out = rdma_trace(&["softirqs", "--duration", "2", "--json", json.to_str().unwrap()]);
+    let out = rdma_trace(&[
+        "softirqs",
+        "--duration",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
     let bytes = traffic.join().expect("traffic thread");
     assert!(bytes > 0, "no loopback traffic was generated");
     assert!(
@@ -66,9 +72,15 @@ fn softirqs_counts_net_rx_under_loopback_traffic() {
     let _ = std::fs::remove_file(&json);
     let vectors = report["vectors"].as_array().expect("vectors");
     assert_eq!(vectors.len(), 10, "one entry per softirq vector");
-    let net_rx = vectors.iter().find(|v| v["name"] == "NET_RX").expect("NET_RX");
+    let net_rx = vectors
+        .iter()
+        .find(|v| v["name"] == "NET_RX")
+        .expect("NET_RX");
     let count = net_rx["count"].as_u64().expect("count");
-    assert!(count > 0, "NET_RX count is 0 under loopback traffic: {net_rx}");
+    assert!(
+        count > 0,
+        "NET_RX count is 0 under loopback traffic: {net_rx}"
+    );
     let bucket_sum: u64 = net_rx["buckets"]
         .as_array()
         .expect("buckets")
@@ -78,15 +90,28 @@ fn softirqs_counts_net_rx_under_loopback_traffic() {
     assert_eq!(bucket_sum, count, "buckets add up to the count");
     assert!(net_rx["p50_upper_ns"].as_u64().unwrap() <= net_rx["p99_upper_ns"].as_u64().unwrap());
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("NET_RX"), "text report names NET_RX:\n{stdout}");
+    assert!(
+        stdout.contains("NET_RX"),
+        "text report names NET_RX:\n{stdout}"
+    );
     assert_eq!(report["window"]["ended_by"], "duration");
 }
 
 #[test]
 fn funclat_on_unknown_function_is_one_line_and_exit_3() {
     // No kprobes on this kernel, or no such function: both are "unsupported here" (3).
-    let out = rdma_trace(&["funclat", "no_such_function_rdma_trace_test", "--duration", "1"]);
-    assert_eq!(out.status.code(), Some(3), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let out = rdma_trace(&[
+        "funclat",
+        "no_such_function_rdma_trace_test",
+        "--duration",
+        "1",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.starts_with("rdma-trace: "), "{stderr}");

@@ -34,14 +34,20 @@ pub fn run(args: &Args) -> Result<PathBuf> {
     setup::ensure()?;
     let toolchain = setup::ebpf_toolchain()?
         .context("no rustup toolchain with rust-src for the eBPF build: run `cargo xtask setup`")?;
-    let (profile, dir) = if args.release { ("RELEASE", "release") } else { ("DEV", "debug") };
+    let (profile, dir) = if args.release {
+        ("RELEASE", "release")
+    } else {
+        ("DEV", "debug")
+    };
     let ebpf_target = target_dir().join("ebpf");
     let path = format!(
         "{}:{}",
         tools_dir().join("bin").display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    say(format!("building rdma-trace-ebpf ({dir}) with toolchain {toolchain}"));
+    say(format!(
+        "building rdma-trace-ebpf ({dir}) with toolchain {toolchain}"
+    ));
     let mut cmd = Command::new("cargo");
     cmd.current_dir(root())
         .arg(format!("+{toolchain}"))
@@ -52,7 +58,14 @@ pub fn run(args: &Args) -> Result<PathBuf> {
         cmd.arg("--release");
     }
     // Settings of the cargo that runs xtask must not leak into this build.
-    for var in ["RUSTC", "RUSTDOC", "RUSTC_WRAPPER", "RUSTUP_TOOLCHAIN", "CARGO_ENCODED_RUSTFLAGS", "CARGO_TARGET_DIR"] {
+    for var in [
+        "RUSTC",
+        "RUSTDOC",
+        "RUSTC_WRAPPER",
+        "RUSTUP_TOOLCHAIN",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+    ] {
         cmd.env_remove(var);
     }
     cmd.env("RUSTC_BOOTSTRAP", "1")
@@ -74,7 +87,11 @@ pub fn run(args: &Args) -> Result<PathBuf> {
         std::fs::write(&published, &bytes)
             .with_context(|| format!("writing {}", published.display()))?;
     }
-    say(format!("eBPF object: {} ({} bytes, with .BTF)", published.display(), bytes.len()));
+    say(format!(
+        "eBPF object: {} ({} bytes, with .BTF)",
+        published.display(),
+        bytes.len()
+    ));
     Ok(published)
 }
 
@@ -89,7 +106,10 @@ fn check_object(bytes: &[u8]) -> Result<()> {
     if !names.contains(&".BTF") {
         bail!("no .BTF section (sections: {})", names.join(" "));
     }
-    if !names.iter().any(|n| n.starts_with("kprobe") || n.starts_with("tracepoint")) {
+    if !names
+        .iter()
+        .any(|n| n.starts_with("kprobe") || n.starts_with("tracepoint"))
+    {
         bail!("no program sections (sections: {})", names.join(" "));
     }
     Ok(())

@@ -27,6 +27,7 @@ pub const APT_PACKAGES: &[&str] = &[
     // Guest test bed.
     "qemu-system-x86",
     "xz-utils",
+    "zstd",
 ];
 
 /// The rustup name under which Debian's toolchain is linked.
@@ -88,7 +89,8 @@ fn missing_packages() -> Result<Vec<&'static str>> {
 fn installed_in(dpkg_output: &str, pkg: &str) -> bool {
     dpkg_output.lines().any(|l| {
         let mut it = l.split_whitespace();
-        it.next().is_some_and(|name| name == pkg || name.split(':').next() == Some(pkg))
+        it.next()
+            .is_some_and(|name| name == pkg || name.split(':').next() == Some(pkg))
             && it.next() == Some("ii")
     })
 }
@@ -124,7 +126,11 @@ fn rustup_toolchains() -> Result<Vec<String>> {
 }
 
 fn has_rust_src(toolchain: &str) -> bool {
-    let Ok(sysroot) = output(Command::new("rustc").arg(format!("+{toolchain}")).args(["--print", "sysroot"])) else {
+    let Ok(sysroot) = output(
+        Command::new("rustc")
+            .arg(format!("+{toolchain}"))
+            .args(["--print", "sysroot"]),
+    ) else {
         return false;
     };
     PathBuf::from(sysroot.trim())
@@ -137,7 +143,9 @@ fn has_rust_src(toolchain: &str) -> bool {
 pub fn ebpf_toolchain() -> Result<Option<String>> {
     if let Ok(tc) = std::env::var(TOOLCHAIN_ENV) {
         if !has_rust_src(&tc) {
-            bail!("{TOOLCHAIN_ENV}={tc}: that rustup toolchain has no rust-src (rustup component add rust-src --toolchain {tc})");
+            bail!(
+                "{TOOLCHAIN_ENV}={tc}: that rustup toolchain has no rust-src (rustup component add rust-src --toolchain {tc})"
+            );
         }
         return Ok(Some(tc));
     }
@@ -152,10 +160,14 @@ fn ensure_toolchain() -> Result<String> {
     if let Some(tc) = ebpf_toolchain()? {
         return Ok(tc);
     }
-    say(format!("linking Debian's rustc-web into rustup as `{DEBIAN_TOOLCHAIN}`"));
+    say(format!(
+        "linking Debian's rustc-web into rustup as `{DEBIAN_TOOLCHAIN}`"
+    ));
     run_cmd(Command::new("rustup").args(["toolchain", "link", DEBIAN_TOOLCHAIN, "/usr"]))?;
     if !has_rust_src(DEBIAN_TOOLCHAIN) {
-        bail!("toolchain {DEBIAN_TOOLCHAIN} has no rust-src after linking; is rust-web-src installed?");
+        bail!(
+            "toolchain {DEBIAN_TOOLCHAIN} has no rust-src after linking; is rust-web-src installed?"
+        );
     }
     Ok(DEBIAN_TOOLCHAIN.to_owned())
 }
@@ -181,7 +193,13 @@ fn ensure_bpf_linker() -> Result<()> {
     ));
     run_cmd(
         Command::new("cargo")
-            .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--locked"])
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+                "--locked",
+            ])
             .args(["--no-default-features", "--features", "llvm-22", "--root"])
             .arg(tools_dir())
             // /usr/bin/llvm-config is LLVM 14: point the build at LLVM 22.
@@ -199,7 +217,10 @@ mod tests {
     fn dpkg_status_parsing() {
         let out = "rustc-web ii \nllvm-22-dev rc \nxz-utils:amd64 ii \n";
         assert!(installed_in(out, "rustc-web"));
-        assert!(!installed_in(out, "llvm-22-dev"), "rc = removed, config left");
+        assert!(
+            !installed_in(out, "llvm-22-dev"),
+            "rc = removed, config left"
+        );
         assert!(installed_in(out, "xz-utils"));
         assert!(!installed_in(out, "qemu-system-x86"));
     }

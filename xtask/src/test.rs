@@ -1,10 +1,9 @@
 //! `cargo xtask test`: every test layer, in order, with a summary at the end.
 //!
-//! 1. `cargo fmt --check`, 2. the eBPF object, 3. clippy `-D warnings` (all targets, including
-//! the `host` and `guest` test targets), 4. unit and CLI tests (`cargo test`), 5. host eBPF
-//! tests (the `host` targets; root), 6. guest tests (the `guest` targets) inside the QEMU test
-//! bed on Debian 6.1 and 6.12. A layer is skipped only when a flag asks for it, and the summary
-//! says so.
+//! Layers: `cargo fmt --check`; the eBPF object; clippy `-D warnings` on all targets, including
+//! the `host` and `guest` test targets; unit and CLI tests (`cargo test`); host eBPF tests (the
+//! `host` targets; root); guest tests (the `guest` targets) inside the QEMU test bed on Debian
+//! 6.1 and 6.12. A layer is skipped only when a flag asks for it, and the summary says so.
 
 use std::{
     io::{BufRead, BufReader},
@@ -54,7 +53,9 @@ pub fn run(args: &Args) -> Result<()> {
     setup::ensure()?;
     let mut steps: Vec<Step> = Vec::new();
 
-    step(&mut steps, "fmt", || cargo(&["fmt", "--all", "--", "--check"]));
+    step(&mut steps, "fmt", || {
+        cargo(&["fmt", "--all", "--", "--check"])
+    });
     step(&mut steps, "build-ebpf", || {
         build_ebpf::run(&build_ebpf::Args { release: false }).map(|_| Vec::new())
     });
@@ -62,7 +63,9 @@ pub fn run(args: &Args) -> Result<()> {
     step(&mut steps, "clippy", || {
         let mut summaries = cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
         for (package, target) in &special {
-            summaries.extend(cargo(&["clippy", "-p", package, "--test", target, "--", "-D", "warnings"])?);
+            summaries.extend(cargo(&[
+                "clippy", "-p", package, "--test", target, "--", "-D", "warnings",
+            ])?);
         }
         Ok(summaries)
     });
@@ -111,7 +114,10 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
 
-    println!("\n===== cargo xtask test: summary ({:.0} s) =====", t0.elapsed().as_secs_f64());
+    println!(
+        "\n===== cargo xtask test: summary ({:.0} s) =====",
+        t0.elapsed().as_secs_f64()
+    );
     let mut failed = 0;
     for s in &steps {
         let (mark, detail) = match &s.outcome {
@@ -143,7 +149,12 @@ fn step(steps: &mut Vec<Step>, name: &str, f: impl FnOnce() -> Result<Vec<String
             (Outcome::Failed(format!("{e:#}")), Vec::new())
         }
     };
-    steps.push(Step { name: name.to_owned(), outcome, secs: t.elapsed().as_secs_f64(), summaries });
+    steps.push(Step {
+        name: name.to_owned(),
+        outcome,
+        secs: t.elapsed().as_secs_f64(),
+        summaries,
+    });
 }
 
 fn skip(steps: &mut Vec<Step>, name: &str, why: &str) {
@@ -161,10 +172,14 @@ fn cargo(args: &[&str]) -> Result<Vec<String>> {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root()).args(args).stdout(Stdio::piped());
     let desc = describe(&cmd);
-    let mut child = cmd.spawn().with_context(|| format!("could not start `{desc}`"))?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("could not start `{desc}`"))?;
     let stdout = child.stdout.take().context("cargo stdout")?;
     let summaries = echo_summaries(BufReader::new(stdout));
-    let status = child.wait().with_context(|| format!("waiting for `{desc}`"))?;
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for `{desc}`"))?;
     if !status.success() {
         bail!("`{desc}` failed ({status})");
     }
@@ -192,16 +207,25 @@ fn special_test_targets() -> Result<Vec<(String, String)>> {
         .output()
         .context("running cargo metadata")?;
     if !out.status.success() {
-        bail!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).context("parsing cargo metadata")?;
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("parsing cargo metadata")?;
     let mut found = Vec::new();
     for package in meta["packages"].as_array().context("metadata packages")? {
         for target in package["targets"].as_array().into_iter().flatten() {
             let name = target["name"].as_str().unwrap_or_default();
-            let is_test = target["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test"));
+            let is_test = target["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "test"));
             if is_test && (name == "host" || name == "guest") {
-                found.push((package["name"].as_str().unwrap_or_default().to_owned(), name.to_owned()));
+                found.push((
+                    package["name"].as_str().unwrap_or_default().to_owned(),
+                    name.to_owned(),
+                ));
             }
         }
     }
@@ -213,7 +237,15 @@ fn special_test_targets() -> Result<Vec<(String, String)>> {
 fn test_executable(package: &str, target: &str) -> Result<PathBuf> {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root())
-        .args(["test", "-p", package, "--test", target, "--no-run", "--message-format=json"])
+        .args([
+            "test",
+            "-p",
+            package,
+            "--test",
+            target,
+            "--no-run",
+            "--message-format=json",
+        ])
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("building test {package}/{target}"))?;
@@ -221,10 +253,14 @@ fn test_executable(package: &str, target: &str) -> Result<PathBuf> {
         bail!("building test {package}/{target} failed");
     }
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
         if msg["reason"] == "compiler-artifact"
             && msg["target"]["name"] == target
-            && msg["package_id"].as_str().is_some_and(|id| id.contains(&format!("/{package}#")) || id.contains(&format!("{package} ")))
+            && msg["package_id"].as_str().is_some_and(|id| {
+                id.contains(&format!("/{package}#")) || id.contains(&format!("{package} "))
+            })
             && let Some(exe) = msg["executable"].as_str()
         {
             return Ok(PathBuf::from(exe));
@@ -236,13 +272,18 @@ fn test_executable(package: &str, target: &str) -> Result<PathBuf> {
 /// Run every guest test executable in one boot of `kernel`; each writes its log to the
 /// results folder, which gives the summaries back.
 fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String>> {
-    let results = target_dir().join("vm-results").join(format!("test-{}", kernel.name()));
+    let results = target_dir()
+        .join("vm-results")
+        .join(format!("test-{}", kernel.name()));
     let _ = std::fs::remove_dir_all(&results);
     std::fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
     let mut script = String::from("rc=0\n");
     for (i, exe) in executables.iter().enumerate() {
         let log = results.join(format!("{i}.log"));
-        let (exe, log) = (vm::shell_quote(&exe.to_string_lossy()), vm::shell_quote(&log.to_string_lossy()));
+        let (exe, log) = (
+            vm::shell_quote(&exe.to_string_lossy()),
+            vm::shell_quote(&log.to_string_lossy()),
+        );
         script.push_str(&format!(
             "echo \"== {exe}\"; {exe} --test-threads=1 > {log} 2>&1 || rc=1; cat {log}\n"
         ));
@@ -257,7 +298,10 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
     let mut summaries = Vec::new();
     for i in 0..executables.len() {
         let log = std::fs::read_to_string(results.join(format!("{i}.log"))).unwrap_or_default();
-        summaries.extend(log.lines().filter_map(|l| l.find("test result:").map(|p| l[p..].to_owned())));
+        summaries.extend(
+            log.lines()
+                .filter_map(|l| l.find("test result:").map(|p| l[p..].to_owned())),
+        );
     }
     if summaries.len() != executables.len() {
         bail!(
@@ -267,7 +311,10 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
         );
     }
     if code != 0 {
-        bail!("guest tests failed (status {code}): {}", summaries.join("; "));
+        bail!(
+            "guest tests failed (status {code}): {}",
+            summaries.join("; ")
+        );
     }
     Ok(summaries)
 }

@@ -86,7 +86,10 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         bpf.attach_kprobe(&format!("func_entry_{slot}"), f)?;
         bpf.attach_kprobe(&format!("func_return_{slot}"), f)?;
     }
-    eprintln!("rdma-trace: timing {} (kprobe + kretprobe)", args.functions.join(", "));
+    eprintln!(
+        "rdma-trace: timing {} (kprobe + kretprobe)",
+        args.functions.join(", ")
+    );
     let window = collect_window(args.duration, &args.command).await?;
 
     let n = args.functions.len() as u32;
@@ -96,7 +99,11 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
 
     let functions: Vec<Function> = symbols
         .into_iter()
-        .zip(counts.chunks_exact(NR_FC as usize).zip(hists.chunks_exact(SLOTS as usize)))
+        .zip(
+            counts
+                .chunks_exact(NR_FC as usize)
+                .zip(hists.chunks_exact(SLOTS as usize)),
+        )
         .map(|(sym, (c, h))| Function {
             name: sym.name,
             module: sym.module,
@@ -108,8 +115,14 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         })
         .collect();
 
-    println!("function durations over {:.1} s (log2 buckets)", window.seconds);
-    println!("{:<28} {:>10} {:>10} {:>10}", "function", "calls", "p50 <", "p99 <");
+    println!(
+        "function durations over {:.1} s (log2 buckets)",
+        window.seconds
+    );
+    println!(
+        "{:<28} {:>10} {:>10} {:>10}",
+        "function", "calls", "p50 <", "p99 <"
+    );
     for f in &functions {
         let q = |x: Option<u64>| x.map(human_ns).unwrap_or_else(|| "-".into());
         println!(
@@ -128,7 +141,14 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     }
     let status = window.command_status;
     if let Some(path) = &args.json {
-        write_json(path, &Report { kernel: kernel.release(), window, functions })?;
+        write_json(
+            path,
+            &Report {
+                kernel: kernel.release(),
+                window,
+                functions,
+            },
+        )?;
     }
     Ok(status)
 }

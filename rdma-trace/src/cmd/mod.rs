@@ -61,7 +61,11 @@ pub async fn collect_window(duration: Option<Duration>, command: &[String]) -> R
         use std::os::unix::process::ExitStatusExt as _;
         s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
     });
-    Ok(Window { seconds: start.elapsed().as_secs_f64(), ended_by, command_status })
+    Ok(Window {
+        seconds: start.elapsed().as_secs_f64(),
+        ended_by,
+        command_status,
+    })
 }
 
 /// Write `report` as pretty JSON to `path`.

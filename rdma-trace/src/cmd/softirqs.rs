@@ -45,7 +45,9 @@ pub async fn run(args: &Args) -> Result<()> {
     bpf.attach_raw_tracepoint("softirq_exit", "softirq_exit")?;
     eprintln!(
         "rdma-trace: timing softirqs{}; Ctrl-C to stop",
-        args.duration.map(|d| format!(" for {} s", d.as_secs_f64())).unwrap_or_default()
+        args.duration
+            .map(|d| format!(" for {} s", d.as_secs_f64()))
+            .unwrap_or_default()
     );
     let window = collect_window(args.duration, &[]).await?;
 
@@ -56,10 +58,20 @@ pub async fn run(args: &Args) -> Result<()> {
         .collect();
     drop(bpf); // detach before printing
 
-    println!("softirq durations over {:.1} s (log2 buckets)", window.seconds);
-    println!("{:<9} {:>10} {:>10} {:>10}", "vector", "count", "p50 <", "p99 <");
+    println!(
+        "softirq durations over {:.1} s (log2 buckets)",
+        window.seconds
+    );
+    println!(
+        "{:<9} {:>10} {:>10} {:>10}",
+        "vector", "count", "p50 <", "p99 <"
+    );
     for (name, h) in SOFTIRQ_NAMES.iter().zip(&hists) {
-        let q = |x| h.quantile_upper_ns(x).map(human_ns).unwrap_or_else(|| "-".into());
+        let q = |x| {
+            h.quantile_upper_ns(x)
+                .map(human_ns)
+                .unwrap_or_else(|| "-".into())
+        };
         println!("{name:<9} {:>10} {:>10} {:>10}", h.count(), q(0.5), q(0.99));
     }
     for (name, h) in SOFTIRQ_NAMES.iter().zip(&hists) {
@@ -74,7 +86,10 @@ pub async fn run(args: &Args) -> Result<()> {
             vectors: SOFTIRQ_NAMES
                 .iter()
                 .zip(&hists)
-                .map(|(name, h)| Vector { name, hist: h.into() })
+                .map(|(name, h)| Vector {
+                    name,
+                    hist: h.into(),
+                })
                 .collect(),
         };
         write_json(path, &report)?;

@@ -1,0 +1,204 @@
+//! Everything the guest test bed takes from Debian, pinned in ONE place: the kernel packages, the
+//! guest userland, the kernel modules to load and the kernel options the project relies on.
+
+use super::Kernel;
+
+/// Where a kernel package comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The host's own apt lists (bookworm, bookworm-security).
+    System,
+    /// A private apt sources list inside the cache (bookworm-backports of the host's mirror).
+    Backports,
+}
+
+/// A Debian kernel package: the pinned name, and the pattern `<prefix><N><suffix>` (N a number) that
+/// newer ABI packages of the same series follow, for when Debian has retired the pinned one.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelPackage {
+    pub pinned: &'static str,
+    pub prefix: &'static str,
+    pub suffix: &'static str,
+    pub origin: Origin,
+}
+
+/// The kernel package for each guest kernel.
+pub fn kernel_package(kernel: Kernel) -> KernelPackage {
+    match kernel {
+        Kernel::V6_1 => KernelPackage {
+            pinned: "linux-image-6.1.0-57-amd64-unsigned",
+            prefix: "linux-image-6.1.0-",
+            suffix: "-amd64-unsigned",
+            origin: Origin::System,
+        },
+        Kernel::V6_12 => KernelPackage {
+            pinned: "linux-image-6.12.95+deb12-amd64-unsigned",
+            prefix: "linux-image-6.12.",
+            suffix: "+deb12-amd64-unsigned",
+            origin: Origin::Backports,
+        },
+    }
+}
+
+/// The suite the private apt list adds (on the host's bookworm mirror).
+pub const BACKPORTS_SUITE: &str = "bookworm-backports";
+
+/// Guest userland (bookworm), unpacked with `dpkg -x`, never installed on the host: busybox for the
+/// init, bash for the commands, libibverbs + the rxe provider + ibverbs-utils + perftest, iproute2
+/// (`ip`, `rdma`) and every library these link.
+pub const USERLAND: &[&str] = &[
+    "busybox-static",
+    "bash",
+    "libtinfo6",
+    "libc6",
+    "libgcc-s1",
+    "libibverbs1",
+    "ibverbs-providers",
+    "ibverbs-utils",
+    "perftest",
+    "librdmacm1",
+    "libibumad3",
+    "libnl-3-200",
+    "libnl-route-3-200",
+    "libpci3",
+    "libudev1",
+    "zlib1g",
+    "iproute2",
+    "libmnl0",
+    "libbsd0",
+    "libcap2",
+    "libmd0",
+    "libelf1",
+    "libbpf1",
+    "libselinux1",
+    "libpcre2-8-0",
+    "libdb5.3",
+    "libtirpc3",
+    "libxtables12",
+    "libgssapi-krb5-2",
+    "libkrb5-3",
+    "libk5crypto3",
+    "libcom-err2",
+    "libkrb5support0",
+    "libkeyutils1",
+    "libatm1",
+    "libssl3",
+];
+
+/// Modules to load (their `depends=` closure is computed on the host). `crc32_generic` is named
+/// explicitly: rdma_rxe needs the crc32 crypto driver and the guest has no modprobe to find it.
+pub const MODULE_ROOTS: &[&str] = &[
+    "crc32_generic",
+    "ib_core",
+    "ib_uverbs",
+    "rdma_ucm",
+    "ib_umad",
+    "rdma_rxe",
+    "veth",
+    "virtio_pci",
+    "9pnet_virtio",
+    "9p",
+];
+
+/// Kernel options the project needs, checked in the package's `boot/config-*`.
+pub const REQUIRED_CONFIG: &[&str] = &[
+    "CONFIG_KPROBES=y",
+    "CONFIG_KPROBE_EVENTS=y",
+    "CONFIG_DEBUG_INFO_BTF=y",
+    "CONFIG_DEBUG_INFO_BTF_MODULES=y",
+    "CONFIG_RDMA_RXE=m",
+    "CONFIG_INFINIBAND_USER_ACCESS=m",
+];
+
+/// The candidates that follow `<prefix><N><suffix>` (N all digits), newest (largest N) first.
+/// Flavours such as `-cloud` or `-rt` do not match, because their middle part is not a number.
+pub fn matching_newest_first<'a>(
+    candidates: impl IntoIterator<Item = &'a str>,
+    prefix: &str,
+    suffix: &str,
+) -> Vec<&'a str> {
+    let mut found: Vec<(u64, &str)> = candidates
+        .into_iter()
+        .filter_map(|name| {
+            let middle = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
+            if middle.is_empty() || !middle.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            Some((middle.parse().ok()?, name))
+        })
+        .collect();
+    found.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    found.dedup_by(|a, b| a.1 == b.1);
+    found.into_iter().map(|(_, name)| name).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn newest_matching<'a>(
+        names: impl IntoIterator<Item = &'a str>,
+        prefix: &str,
+        suffix: &str,
+    ) -> Option<&'a str> {
+        matching_newest_first(names, prefix, suffix)
+            .first()
+            .copied()
+    }
+
+    #[test]
+    fn newest_6_1_by_number_not_by_text() {
+        let names = [
+            "linux-image-6.1.0-9-amd64-unsigned",
+            "linux-image-6.1.0-57-amd64-unsigned",
+            "linux-image-6.1.0-100-amd64-unsigned",
+            "linux-image-6.1.0-200-cloud-amd64-unsigned",
+            "linux-image-6.1.0-300-rt-amd64-unsigned",
+            "linux-image-6.1.0-400-amd64",
+            "linux-image-6.1.0--amd64-unsigned",
+            "linux-headers-6.1.0-500-amd64-unsigned",
+        ];
+        let p = kernel_package(Kernel::V6_1);
+        assert_eq!(
+            newest_matching(names, p.prefix, p.suffix),
+            Some("linux-image-6.1.0-100-amd64-unsigned")
+        );
+        assert_eq!(
+            matching_newest_first(names, p.prefix, p.suffix),
+            [
+                "linux-image-6.1.0-100-amd64-unsigned",
+                "linux-image-6.1.0-57-amd64-unsigned",
+                "linux-image-6.1.0-9-amd64-unsigned",
+            ]
+        );
+    }
+
+    #[test]
+    fn newest_6_12() {
+        let names = [
+            "linux-image-6.12.95+deb12-amd64-unsigned",
+            "linux-image-6.12.117+deb12-amd64-unsigned",
+            "linux-image-6.12.117+deb12-cloud-amd64-unsigned",
+            "linux-image-6.12.118+deb12-rt-amd64-unsigned",
+            "linux-image-6.12.119+deb13-amd64-unsigned",
+            "linux-image-6.12.120+deb12-amd64-unsigned-dbg",
+        ];
+        let p = kernel_package(Kernel::V6_12);
+        assert_eq!(
+            newest_matching(names, p.prefix, p.suffix),
+            Some("linux-image-6.12.117+deb12-amd64-unsigned")
+        );
+        assert_eq!(newest_matching([], p.prefix, p.suffix), None);
+    }
+
+    #[test]
+    fn pinned_names_follow_their_own_pattern() {
+        for k in [Kernel::V6_1, Kernel::V6_12] {
+            let p = kernel_package(k);
+            assert_eq!(
+                newest_matching([p.pinned], p.prefix, p.suffix),
+                Some(p.pinned)
+            );
+        }
+    }
+}

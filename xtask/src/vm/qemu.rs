@@ -1,0 +1,285 @@
+//! Booting the guest under QEMU: accelerator choice, console streaming, markers, watchdogs.
+
+use std::{
+    fs::OpenOptions,
+    io::{self, BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc::{self, RecvTimeoutError},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::util::say;
+
+pub const QEMU: &str = "qemu-system-x86_64";
+const BOOTED: &[u8] = b"@@RDMA_VM_BOOTED@@";
+const EXIT: &[u8] = b"@@RDMA_VM_EXIT=";
+/// How long the guest may take to power off after printing its exit status.
+const POWEROFF_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accel {
+    Kvm,
+    Tcg,
+}
+
+impl std::fmt::Display for Accel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Accel::Kvm => "KVM",
+            Accel::Tcg => "TCG",
+        })
+    }
+}
+
+impl Accel {
+    fn args(self) -> [&'static str; 4] {
+        match self {
+            Accel::Kvm => ["-accel", "kvm", "-cpu", "host"],
+            Accel::Tcg => ["-accel", "tcg,thread=multi", "-cpu", "max"],
+        }
+    }
+}
+
+/// KVM only where a stock kernel really boots with it: /dev/kvm writable AND a hardware KVM
+/// module (kvm_intel/kvm_amd) loaded; TCG as the fallback (and always as the second try).
+pub fn accelerators() -> Vec<Accel> {
+    let writable = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok();
+    let module = |m: &str| Path::new("/sys/module").join(m).exists();
+    let hardware = module("kvm_intel") || module("kvm_amd");
+    if writable && hardware {
+        return vec![Accel::Kvm, Accel::Tcg];
+    }
+    let why = if module("kvm_pvm") {
+        "/dev/kvm is kvm_pvm, which boots only PVM guest kernels"
+    } else if !Path::new("/dev/kvm").exists() {
+        "no /dev/kvm"
+    } else if !writable {
+        "/dev/kvm is not writable"
+    } else {
+        "neither kvm_intel nor kvm_amd is loaded"
+    };
+    say(format!("using TCG ({why})"));
+    vec![Accel::Tcg]
+}
+
+/// A host folder exported over virtio-9p with a mount tag.
+pub struct Share {
+    pub tag: &'static str,
+    pub path: PathBuf,
+    pub readonly: bool,
+}
+
+pub struct Boot<'a> {
+    /// A bzImage, or a vmlinux ELF with a PVH note.
+    pub kernel: &'a Path,
+    pub initrd: &'a Path,
+    pub mem_mib: u32,
+    pub smp: u32,
+    pub shares: &'a [Share],
+    /// No boot marker within this time: kill (and retry with TCG after KVM).
+    pub boot_timeout: Duration,
+    /// The whole run ends here.
+    pub deadline: Instant,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The guest command's exit status.
+    Exit(i32),
+    /// The overall deadline passed.
+    Timeout,
+    /// The guest ended (panic, crash) without printing its exit status.
+    NoExitMarker,
+    /// No boot marker within the boot timeout.
+    BootWatchdog,
+}
+
+/// Kills QEMU when dropped, whatever path leaves the function.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// Commas in QEMU option values are doubled.
+fn qemu_escape(p: &Path) -> String {
+    p.display().to_string().replace(',', ",,")
+}
+
+fn command(b: &Boot, accel: Accel) -> Command {
+    let mut c = Command::new(QEMU);
+    c.args([
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-M",
+        "pc",
+    ])
+    .args(accel.args())
+    .args(["-m", &b.mem_mib.to_string(), "-smp", &b.smp.to_string()])
+    .arg("-kernel")
+    .arg(b.kernel)
+    .arg("-initrd")
+    .arg(b.initrd)
+    .args([
+        "-append",
+        "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init",
+        "-serial",
+        "stdio",
+        "-no-reboot",
+    ]);
+    for (i, s) in b.shares.iter().enumerate() {
+        let ro = if s.readonly { ",readonly=on" } else { "" };
+        c.arg("-fsdev").arg(format!(
+            "local,id=fs{i},path={},security_model=none{ro}",
+            qemu_escape(&s.path)
+        ));
+        c.arg("-device")
+            .arg(format!("virtio-9p-pci,fsdev=fs{i},mount_tag={}", s.tag));
+    }
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    c
+}
+
+/// Boots once; streams the console (without `\r` and the markers) to stdout.
+pub fn boot(b: &Boot, accel: Accel) -> Result<Outcome> {
+    let start = Instant::now();
+    let mut cmd = command(b, accel);
+    let mut child = Guard(cmd.spawn().with_context(|| {
+        format!("starting {QEMU} (install qemu-system-x86: cargo xtask setup)")
+    })?);
+    let stdout = child.0.stdout.take().context("qemu stdout")?;
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    let reader = thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        loop {
+            let mut line = Vec::new();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+
+    let boot_deadline = (start + b.boot_timeout).min(b.deadline);
+    let mut booted: Option<Duration> = None;
+    let mut exit: Option<(i32, Instant)> = None;
+    let mut out = io::stdout().lock();
+    let outcome = loop {
+        let limit = match (exit, booted) {
+            (Some((_, at)), _) => (at + POWEROFF_GRACE).min(b.deadline),
+            (None, None) => boot_deadline,
+            (None, Some(_)) => b.deadline,
+        };
+        match rx.recv_timeout(limit.saturating_duration_since(Instant::now())) {
+            Ok(mut line) => {
+                line.retain(|&c| c != b'\r');
+                if exit.is_some() {
+                    continue; // power-off noise
+                }
+                if let Some(at) = find(&line, BOOTED) {
+                    booted.get_or_insert(start.elapsed());
+                    line.drain(at..at + BOOTED.len());
+                    if line == b"\n" {
+                        continue;
+                    }
+                }
+                if let Some((prefix, status)) = parse_exit(&line) {
+                    if !prefix.is_empty() {
+                        out.write_all(prefix)?;
+                        out.write_all(b"\n")?;
+                    }
+                    exit = Some((status, Instant::now()));
+                    continue;
+                }
+                out.write_all(&line)?;
+                out.flush()?;
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                break match (exit, booted) {
+                    (Some((status, _)), _) => Outcome::Exit(status),
+                    (None, None) if Instant::now() < b.deadline => Outcome::BootWatchdog,
+                    _ => Outcome::Timeout,
+                };
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = child.0.wait().context("waiting for qemu")?;
+                if let Some((status, _)) = exit {
+                    break Outcome::Exit(status);
+                }
+                if booted.is_none() && !status.success() {
+                    bail!("{QEMU} failed before the guest booted ({status})");
+                }
+                break Outcome::NoExitMarker;
+            }
+        }
+    };
+    out.flush()?;
+    drop(out);
+    drop(child); // kills qemu if it still runs
+    let _ = reader.join();
+    let boot_s = booted.map_or("-".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
+    say(format!(
+        "qemu ({accel}): boot {boot_s}, total {:.1} s",
+        start.elapsed().as_secs_f64()
+    ));
+    Ok(outcome)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// `...@@RDMA_VM_EXIT=<n>@@`: the text before the marker and the status.
+fn parse_exit(line: &[u8]) -> Option<(&[u8], i32)> {
+    let at = find(line, EXIT)?;
+    let rest = &line[at + EXIT.len()..];
+    let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
+    if !rest[digits..].starts_with(b"@@") {
+        return None;
+    }
+    let status = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
+    Some((&line[..at], status))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_marker() {
+        assert_eq!(parse_exit(b"@@RDMA_VM_EXIT=0@@\n"), Some((&b""[..], 0)));
+        assert_eq!(
+            parse_exit(b"no newline@@RDMA_VM_EXIT=137@@\n"),
+            Some((&b"no newline"[..], 137))
+        );
+        assert_eq!(parse_exit(b"@@RDMA_VM_EXIT=@@"), None);
+        assert_eq!(parse_exit(b"@@RDMA_VM_EXIT=1x@@"), None);
+        assert_eq!(parse_exit(b"hello\n"), None);
+    }
+
+    #[test]
+    fn commas_are_escaped() {
+        assert_eq!(qemu_escape(Path::new("/a,b")), "/a,,b");
+    }
+}
