@@ -181,7 +181,7 @@ fn cargo(args: &[&str]) -> Result<Vec<String>> {
         .wait()
         .with_context(|| format!("waiting for `{desc}`"))?;
     if !status.success() {
-        bail!("`{desc}` failed ({status})");
+        bail!("`{desc}` failed ({status}) {}", summaries.join("; "));
     }
     Ok(summaries)
 }
