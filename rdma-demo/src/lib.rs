@@ -6,7 +6,15 @@
 
 #![deny(unsafe_code)]
 
+pub mod atomic;
+pub mod completion;
 pub mod devices;
+pub mod endpoint;
+pub mod error;
+pub mod exchange;
+pub mod pingpong;
+pub mod stats;
 pub mod sysfs;
 #[allow(unsafe_code)]
 pub mod verbs;
+pub mod write_read;

@@ -3,22 +3,18 @@
 #![forbid(unsafe_code)]
 
 use std::io::{self, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use rdma_demo::completion::Mode;
 use rdma_demo::devices::{self, DevicesError};
-
-/// Runtime failure (a verbs call, output).
-const EXIT_FAILURE: u8 = 1;
-/// No RDMA device, or the named device does not exist. (2 is clap's usage error.)
-const EXIT_NO_DEVICE: u8 = 3;
-
-const EXIT_CODES_HELP: &str = "\
-Exit codes:
-  0  success
-  1  runtime failure (a verbs call or writing the output failed)
-  2  usage error
-  3  no RDMA device, or the device named with --device does not exist";
+use rdma_demo::endpoint::{EndpointOptions, Fault};
+use rdma_demo::error::{DemoError, EXIT_CODES_HELP, exit};
+use rdma_demo::exchange;
+use rdma_demo::{atomic, pingpong, write_read};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -37,6 +33,15 @@ enum Command {
     /// List RDMA devices, their ports and GID tables
     #[command(after_help = EXIT_CODES_HELP)]
     Devices(DevicesArgs),
+    /// SEND/RECV ping-pong between a server (-s) and a client, like ibv_rc_pingpong
+    #[command(after_help = EXIT_CODES_HELP)]
+    Pingpong(PingPongArgs),
+    /// One-sided RDMA WRITE/READ: the client reads, writes and reads back the server's buffer
+    #[command(after_help = EXIT_CODES_HELP)]
+    WriteRead(WriteReadArgs),
+    /// Remote atomics: a Fetch-and-Add counter and a Compare-and-Swap lock, N clients at once
+    #[command(after_help = EXIT_CODES_HELP)]
+    Atomic(AtomicArgs),
 }
 
 #[derive(Debug, Args)]
@@ -49,6 +54,101 @@ struct DevicesArgs {
     json: bool,
 }
 
+/// Flags every demo shares.
+#[derive(Debug, Args)]
+struct CommonArgs {
+    /// Run as the server (waits for a client)
+    #[arg(short = 's', long, conflicts_with_all = ["host", "loopback"])]
+    server: bool,
+    /// Address of the server (client mode)
+    #[arg(value_name = "SERVER", required_unless_present_any = ["server", "loopback"])]
+    host: Option<String>,
+    /// Server and client in this process (server on a thread, TCP over 127.0.0.1)
+    #[arg(long)]
+    loopback: bool,
+    /// RDMA device [default: the first one]
+    #[arg(short = 'd', long, value_name = "NAME")]
+    device: Option<String>,
+    /// Device of the server with --loopback [default: --device]
+    #[arg(long, value_name = "NAME")]
+    server_device: Option<String>,
+    /// Port of the RDMA device
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
+    ib_port: u8,
+    /// GID index [default: the first IPv4-mapped RoCE v2 GID; none on InfiniBand]
+    #[arg(short = 'g', long, value_name = "INDEX")]
+    gid_index: Option<u32>,
+    /// Path MTU in bytes (256..4096) [default: the port's active MTU]; both sides must agree
+    #[arg(short = 'm', long, value_name = "BYTES", value_parser = ["256", "512", "1024", "2048", "4096"])]
+    mtu: Option<String>,
+    /// TCP port of the connection exchange (0 with --loopback: any free port)
+    #[arg(short = 'p', long, value_name = "PORT", default_value_t = 18515)]
+    port: u16,
+    /// Address the server listens on
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
+    bind: String,
+    /// How to wait for completions
+    #[arg(long, value_enum, default_value_t = Mode::Poll)]
+    mode: Mode,
+    /// Same as --mode event (sleep on a completion channel)
+    #[arg(short = 'e', long)]
+    event: bool,
+    /// Seconds to wait for TCP connect/accept, the exchange, and each completion
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = parse_timeout)]
+    timeout: f64,
+    /// Also write the results and the run's parameters as JSON to PATH
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Inject a fault on the client side (for tests)
+    #[arg(long, value_enum, value_name = "FAULT", hide = true)]
+    inject_fault: Option<Fault>,
+}
+
+fn parse_timeout(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("not a number: {s:?}"))?;
+    if v.is_finite() && v > 0.0 && v <= 3600.0 {
+        Ok(v)
+    } else {
+        Err("want 0 < SECS <= 3600".to_string())
+    }
+}
+
+#[derive(Debug, Args)]
+struct PingPongArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Round trips
+    #[arg(short = 'i', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    iterations: u32,
+    /// Message size in bytes
+    #[arg(short = 'S', long, value_name = "BYTES", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(8..=1_048_576))]
+    size: u32,
+}
+
+#[derive(Debug, Args)]
+struct WriteReadArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// WRITE + READ-back rounds
+    #[arg(short = 'i', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    iterations: u32,
+    /// Buffer size in bytes
+    #[arg(short = 'S', long, value_name = "BYTES", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(8..=1_048_576))]
+    size: u32,
+}
+
+#[derive(Debug, Args)]
+struct AtomicArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Rounds per client (FADD, lock, check, unlock)
+    #[arg(short = 'i', long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    iterations: u32,
+    /// Clients at once: the server waits for this many, the client side starts this many
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=atomic::MAX_CLIENTS as i64))]
+    clients: u32,
+}
+
 /// What ends the program early: the one line for stderr and the exit code.
 #[derive(Debug)]
 struct Failure {
@@ -58,12 +158,14 @@ struct Failure {
 
 impl From<DevicesError> for Failure {
     fn from(e: DevicesError) -> Self {
-        let code = match e {
-            DevicesError::NoDevices(_) | DevicesError::UnknownDevice { .. } => EXIT_NO_DEVICE,
-            DevicesError::Verbs(_) => EXIT_FAILURE,
-        };
+        DemoError::from(e).into()
+    }
+}
+
+impl From<DemoError> for Failure {
+    fn from(e: DemoError) -> Self {
         Failure {
-            code,
+            code: e.exit_code(),
             message: e.to_string(),
         }
     }
@@ -73,6 +175,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Devices(args) => run_devices(&args),
+        Command::Pingpong(args) => run_pingpong(&args),
+        Command::WriteRead(args) => run_write_read(&args),
+        Command::Atomic(args) => run_atomic(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -88,7 +193,7 @@ fn run_devices(args: &DevicesArgs) -> Result<(), Failure> {
     let inventory = devices::collect(args.device.as_deref())?;
     let text = if args.json {
         let mut json = serde_json::to_string_pretty(&inventory).map_err(|e| Failure {
-            code: EXIT_FAILURE,
+            code: exit::FAILURE,
             message: format!("encoding JSON: {e}"),
         })?;
         json.push('\n');
@@ -99,12 +204,190 @@ fn run_devices(args: &DevicesArgs) -> Result<(), Failure> {
     print(&text)
 }
 
+impl CommonArgs {
+    fn options(&self, device: Option<&String>) -> EndpointOptions {
+        EndpointOptions {
+            device: device.cloned(),
+            ib_port: self.ib_port,
+            gid_index: self.gid_index,
+            mtu: self.mtu.as_deref().and_then(|m| m.parse().ok()),
+            mode: if self.event { Mode::Event } else { self.mode },
+            timeout: Duration::from_secs_f64(self.timeout),
+            fault: None,
+        }
+    }
+
+    fn client_options(&self) -> EndpointOptions {
+        let mut o = self.options(self.device.as_ref());
+        o.fault = self.inject_fault;
+        o
+    }
+
+    fn server_options(&self) -> EndpointOptions {
+        let mut o = self.options(self.server_device.as_ref().or(self.device.as_ref()));
+        if self.server {
+            o.fault = self.inject_fault;
+        }
+        o
+    }
+
+    fn params_json(&self) -> serde_json::Value {
+        let o = self.client_options();
+        serde_json::json!({
+            "role": if self.loopback { "loopback" } else if self.server { "server" } else { "client" },
+            "server": self.host,
+            "device": self.device,
+            "server_device": self.server_device,
+            "ib_port": self.ib_port,
+            "gid_index": self.gid_index,
+            "mtu": o.mtu,
+            "tcp_port": self.port,
+            "bind": self.bind,
+            "mode": o.mode,
+            "timeout_s": self.timeout,
+        })
+    }
+}
+
+/// Runs a demo in the role the flags ask for; returns the reports (client first).
+fn run_roles<R, C, S>(c: &CommonArgs, client: C, server: S) -> Result<Vec<R>, Failure>
+where
+    R: Send + 'static,
+    C: FnOnce(&EndpointOptions, &str, u16) -> Result<R, DemoError>,
+    S: FnOnce(&EndpointOptions, &TcpListener) -> Result<R, DemoError> + Send + 'static,
+{
+    if c.server_device.is_some() && !c.loopback {
+        return Err(Failure {
+            code: exit::USAGE,
+            message: "--server-device needs --loopback (a server alone takes --device)".into(),
+        });
+    }
+    if c.loopback {
+        let listener = exchange::listen("127.0.0.1", c.port).map_err(DemoError::from)?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| DemoError::Other(format!("local address of the listener: {e}")))?
+            .port();
+        let sopts = c.server_options();
+        let server = std::thread::Builder::new()
+            .name("server".into())
+            .spawn(move || server(&sopts, &listener))
+            .map_err(|e| DemoError::Other(format!("starting the server thread: {e}")))?;
+        let client_result = client(&c.client_options(), "127.0.0.1", port);
+        if client_result.is_err() {
+            // If the server still waits for the client, an empty connection ends its wait at
+            // once (the peer closed) instead of after the accept timeout.
+            let _ = std::net::TcpStream::connect(("127.0.0.1", port));
+        }
+        let server_result = server
+            .join()
+            .unwrap_or_else(|_| Err(DemoError::Other("the server thread panicked".into())));
+        match (client_result, server_result) {
+            (Ok(cr), Ok(sr)) => Ok(vec![cr, sr]),
+            (Err(e), _) => Err(e.on("client").into()),
+            (Ok(_), Err(e)) => Err(e.on("server").into()),
+        }
+    } else if c.server {
+        let listener = exchange::listen(&c.bind, c.port).map_err(DemoError::from)?;
+        Ok(vec![server(&c.server_options(), &listener)?])
+    } else {
+        let host = c.host.as_deref().unwrap_or("127.0.0.1");
+        Ok(vec![client(&c.client_options(), host, c.port)?])
+    }
+}
+
+fn output<R: serde::Serialize>(
+    c: &CommonArgs,
+    demo: &str,
+    params: serde_json::Value,
+    reports: &[R],
+    render: impl Fn(&R) -> String,
+) -> Result<(), Failure> {
+    let text: String = reports.iter().map(&render).collect::<Vec<_>>().join("\n");
+    print(&text)?;
+    if let Some(path) = &c.json {
+        let mut run = c.params_json();
+        if let (Some(run), Some(p)) = (run.as_object_mut(), params.as_object()) {
+            run.extend(p.clone());
+        }
+        let v = serde_json::json!({ "demo": demo, "params": run, "reports": reports });
+        let mut s = serde_json::to_string_pretty(&v).map_err(|e| Failure {
+            code: exit::FAILURE,
+            message: format!("encoding JSON: {e}"),
+        })?;
+        s.push('\n');
+        std::fs::write(path, s).map_err(|e| Failure {
+            code: exit::FAILURE,
+            message: format!("writing {}: {e}", path.display()),
+        })?;
+    }
+    Ok(())
+}
+
+fn run_pingpong(a: &PingPongArgs) -> Result<(), Failure> {
+    let p = pingpong::Params {
+        iterations: a.iterations,
+        size: a.size,
+    };
+    let reports = run_roles(
+        &a.common,
+        |o, host, port| pingpong::client(o, host, port, p),
+        move |o, l| pingpong::server(o, l, p),
+    )?;
+    output(
+        &a.common,
+        "pingpong",
+        serde_json::json!({ "iterations": p.iterations, "size": p.size }),
+        &reports,
+        pingpong::Report::render,
+    )
+}
+
+fn run_write_read(a: &WriteReadArgs) -> Result<(), Failure> {
+    let p = write_read::Params {
+        iterations: a.iterations,
+        size: a.size,
+    };
+    let reports = run_roles(
+        &a.common,
+        |o, host, port| write_read::client(o, host, port, p),
+        move |o, l| write_read::server(o, l, p),
+    )?;
+    output(
+        &a.common,
+        "write-read",
+        serde_json::json!({ "iterations": p.iterations, "size": p.size }),
+        &reports,
+        write_read::Report::render,
+    )
+}
+
+fn run_atomic(a: &AtomicArgs) -> Result<(), Failure> {
+    let p = atomic::Params {
+        iterations: a.iterations,
+        clients: a.clients,
+    };
+    let reports = run_roles(
+        &a.common,
+        |o, host, port| atomic::clients(o, host, port, p),
+        move |o, l| atomic::server(o, l, p).map(|r| vec![r]),
+    )?;
+    let reports: Vec<atomic::Report> = reports.into_iter().flatten().collect();
+    output(
+        &a.common,
+        "atomic",
+        serde_json::json!({ "iterations": p.iterations, "clients": p.clients }),
+        &reports,
+        atomic::Report::render,
+    )
+}
+
 /// Writes to stdout; a closed pipe (`rdma-demo devices | head`) ends quietly.
 fn print(text: &str) -> Result<(), Failure> {
     let mut out = io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(Failure {
-            code: EXIT_FAILURE,
+            code: exit::FAILURE,
             message: format!("writing output: {e}"),
         }),
         _ => Ok(()),
@@ -129,8 +412,48 @@ mod tests {
             "1  runtime failure",
             "2  usage error",
             "3  no RDMA device",
+            "4  port or GID problem",
+            "5  no TCP connection",
+            "6  bad exchange",
+            "7  timed out waiting for a completion",
+            "8  a work completion with an error status",
+            "9  verification failed",
         ] {
             assert!(help.contains(line), "{help}");
+        }
+    }
+
+    #[test]
+    fn pingpong_flags() {
+        let cli = Cli::try_parse_from([
+            "rdma-demo",
+            "pingpong",
+            "-e",
+            "-i",
+            "5",
+            "-S",
+            "64",
+            "10.9.0.1",
+        ])
+        .unwrap();
+        let Command::Pingpong(a) = cli.command else {
+            panic!("not pingpong")
+        };
+        assert_eq!(a.common.client_options().mode, Mode::Event);
+        assert_eq!(a.common.host.as_deref(), Some("10.9.0.1"));
+        assert_eq!(a.common.port, 18515);
+        assert_eq!(a.common.bind, "0.0.0.0");
+        assert_eq!(a.common.client_options().timeout, Duration::from_secs(10));
+        // A client needs a server address; sizes and counts are bounded.
+        for bad in [
+            &["rdma-demo", "pingpong"][..],
+            &["rdma-demo", "pingpong", "-s", "-S", "4"],
+            &["rdma-demo", "pingpong", "-s", "-i", "0"],
+            &["rdma-demo", "pingpong", "-s", "--timeout", "0"],
+            &["rdma-demo", "pingpong", "-s", "--mtu", "1000"],
+            &["rdma-demo", "pingpong", "-s", "host"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?} parsed");
         }
     }
 }

@@ -139,3 +139,41 @@ fn help_lists_exit_codes() {
     assert!(help.contains("3  no RDMA device"), "{help}");
     assert!(help.contains("devices"), "{help}");
 }
+
+#[test]
+fn demos_without_devices_or_with_bad_flags() {
+    for demo in ["pingpong", "write-read", "atomic"] {
+        // Usage errors first: no server address, out-of-range sizes.
+        assert_eq!(rdma_demo(&[demo]).status.code(), Some(2));
+        assert_eq!(rdma_demo(&[demo, "-s", "-i", "0"]).status.code(), Some(2));
+        let help = rdma_demo(&[demo, "--help"]);
+        assert_eq!(help.status.code(), Some(0));
+        let help = String::from_utf8_lossy(&help.stdout);
+        assert!(
+            help.contains("7  timed out waiting for a completion"),
+            "{help}"
+        );
+        assert!(help.contains("[default: 0.0.0.0]"), "{help}");
+        if sysfs_devices().is_empty() {
+            let out = rdma_demo(&[demo, "-p", "1", "127.0.0.1"]);
+            assert_eq!(out.status.code(), Some(3));
+            let lines = stderr_lines(&out);
+            assert_eq!(lines.len(), 1, "{lines:?}");
+            assert!(
+                lines[0].starts_with("rdma-demo: no RDMA devices: "),
+                "{lines:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn server_device_needs_loopback() {
+    let out = rdma_demo(&["pingpong", "-s", "--server-device", "rxe1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let lines = stderr_lines(&out);
+    assert_eq!(
+        lines,
+        ["rdma-demo: --server-device needs --loopback (a server alone takes --device)"]
+    );
+}

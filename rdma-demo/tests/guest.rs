@@ -216,3 +216,551 @@ fn unknown_device_names_the_available_ones() {
         "{stderr}"
     );
 }
+
+// ---------------------------------------------------------------- demos
+
+use std::io::Write as _;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+fn spawn(args: &[&str]) -> Child {
+    Command::new(bin())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn rdma-demo {args:?}: {e}"))
+}
+
+/// Waits for `child` at most `limit`; kills it and fails the test if it does not exit.
+fn wait_within(mut child: Child, limit: Duration, what: &str) -> (Output, Duration) {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            let out = child.wait_with_output().expect("output");
+            return (out, start.elapsed());
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "{what} still running after {limit:?}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn one_error_line(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "want one stderr line: {stderr}");
+    assert!(lines[0].starts_with("rdma-demo: "), "{stderr}");
+    lines[0].to_string()
+}
+
+fn results_dir() -> PathBuf {
+    std::env::var_os("RESULTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// Runs a loopback demo rxe0 (client) ↔ rxe1 (server) with --json; returns stdout and JSON.
+fn loopback_json(demo: &str, extra: &[&str]) -> (String, Value) {
+    let json = results_dir().join(format!("{demo}-{}.json", extra.join("")));
+    let json_s = json.to_str().unwrap().to_string();
+    let mut args = vec![
+        demo,
+        "--loopback",
+        "-p",
+        "0",
+        "-d",
+        "rxe0",
+        "--server-device",
+        "rxe1",
+        "--json",
+        &json_s,
+    ];
+    args.extend_from_slice(extra);
+    let stdout = success_stdout(&args);
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).expect("JSON parses");
+    (stdout, v)
+}
+
+fn check_results_block(stdout: &str, sent: u64) {
+    for key in [
+        "=== Results ===",
+        "Total time:",
+        "Avg latency:",
+        "Total wait/CQ:",
+        "Throughput:",
+    ] {
+        assert!(stdout.contains(key), "no {key:?} in:\n{stdout}");
+    }
+    assert!(
+        stdout.contains(&format!("Messages:       {sent} sent, {sent} received")),
+        "{stdout}"
+    );
+}
+
+fn check_pingpong(mode: &str) {
+    let (stdout, v) = loopback_json("pingpong", &["-i", "200", "-S", "64", "--mode", mode]);
+    check_results_block(&stdout, 200);
+    assert!(
+        stdout.contains("rxe0 port 1: using GID index 1 (RoCE v2, ::ffff:10.9.0.1)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("t_typical[usec]"), "{stdout}");
+    assert!(
+        stdout.contains("one-way latency = round trip / 2"),
+        "{stdout}"
+    );
+    assert_eq!(v["demo"], "pingpong");
+    assert_eq!(v["params"]["iterations"], 200);
+    let reports = v["reports"].as_array().expect("reports");
+    assert_eq!(reports.len(), 2, "{v:#}");
+    let (client, server) = (&reports[0], &reports[1]);
+    assert_eq!(client["role"], "client");
+    assert_eq!(client["device"], "rxe0");
+    assert_eq!(server["device"], "rxe1");
+    assert_eq!(client["mode"], mode);
+    assert_eq!(client["totals"]["messages_received"], 200);
+    let rtt = &client["round_trip_us"];
+    let one = &client["one_way_us"];
+    assert_eq!(rtt["count"], 200);
+    let (min, med, max) = (
+        rtt["t_min"].as_f64().unwrap(),
+        rtt["t_typical"].as_f64().unwrap(),
+        rtt["t_max"].as_f64().unwrap(),
+    );
+    assert!(0.0 < min && min <= med && med <= max, "{rtt:#}");
+    assert!((one["t_typical"].as_f64().unwrap() * 2.0 - med).abs() < 1e-6);
+    if mode == "event" {
+        assert!(client["cq_events"].as_u64().unwrap() > 0, "{client:#}");
+        assert!(server["cq_events"].as_u64().unwrap() > 0, "{server:#}");
+    } else {
+        assert_eq!(client["cq_events"], 0);
+    }
+}
+
+#[test]
+fn pingpong_poll_rxe0_rxe1() {
+    check_pingpong("poll");
+}
+
+#[test]
+fn pingpong_event_rxe0_rxe1() {
+    check_pingpong("event");
+}
+
+#[test]
+fn pingpong_two_processes_over_10_9() {
+    let server = spawn(&[
+        "pingpong", "-s", "-d", "rxe1", "-e", "-i", "300", "-S", "128", "--bind", "10.9.0.2", "-p",
+        "18610",
+    ]);
+    std::thread::sleep(Duration::from_millis(300));
+    let client = spawn(&[
+        "pingpong", "-d", "rxe0", "-i", "300", "-S", "128", "-p", "18610", "10.9.0.2",
+    ]);
+    let (c, _) = wait_within(client, Duration::from_secs(60), "client");
+    let (s, _) = wait_within(server, Duration::from_secs(60), "server");
+    for (out, who) in [(&c, "client"), (&s, "server")] {
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{who}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        check_results_block(&String::from_utf8_lossy(&out.stdout), 300);
+    }
+}
+
+fn check_write_read(mode: &str) {
+    let (stdout, v) = loopback_json("write-read", &["-i", "50", "-S", "1000", "--mode", mode]);
+    assert!(
+        stdout.contains("read from the server: 07 26 45 64"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("RDMA WRITE latency"), "{stdout}");
+    assert!(stdout.contains("RDMA READ latency"), "{stdout}");
+    let client = &v["reports"][0];
+    let server = &v["reports"][1];
+    assert_eq!(client["bytes_verified"], 51 * 1000, "{client:#}");
+    assert_eq!(server["bytes_verified"], 1000, "{server:#}");
+    assert_eq!(client["write_us"]["count"], 50);
+    assert_eq!(client["read_us"]["count"], 50);
+    assert_eq!(server["totals"]["messages_received"], 1);
+}
+
+#[test]
+fn write_read_poll_rxe0_rxe1() {
+    check_write_read("poll");
+}
+
+#[test]
+fn write_read_event_rxe0_rxe1() {
+    check_write_read("event");
+}
+
+// ---------------------------------------------------------------- faults
+
+#[test]
+fn unknown_device_in_a_demo() {
+    let out = rdma_demo(&["pingpong", "-d", "nosuchdev", "127.0.0.1", "-p", "1"]);
+    assert_eq!(out.status.code(), Some(3));
+    let line = one_error_line(&out);
+    assert!(
+        line.contains("\"nosuchdev\"") && line.contains("rxe0, rxe1"),
+        "{line}"
+    );
+}
+
+#[test]
+fn gid_index_out_of_range_or_empty() {
+    let out = rdma_demo(&[
+        "pingpong",
+        "-d",
+        "rxe0",
+        "-g",
+        "999",
+        "127.0.0.1",
+        "-p",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(4));
+    assert!(one_error_line(&out).contains("GID index 999 is out of range"));
+    let out = rdma_demo(&[
+        "pingpong",
+        "-d",
+        "rxe0",
+        "-g",
+        "200",
+        "127.0.0.1",
+        "-p",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(4));
+    assert!(one_error_line(&out).contains("GID index 200 of rxe0 port 1 is empty"));
+}
+
+#[test]
+fn connect_refused_and_accept_timeout() {
+    let start = Instant::now();
+    let out = rdma_demo(&[
+        "pingpong",
+        "-d",
+        "rxe0",
+        "-p",
+        "1",
+        "--timeout",
+        "1",
+        "127.0.0.1",
+    ]);
+    assert!(start.elapsed() < Duration::from_secs(8));
+    assert_eq!(out.status.code(), Some(5));
+    assert!(one_error_line(&out).contains("Connection refused"));
+    let start = Instant::now();
+    let out = rdma_demo(&[
+        "pingpong",
+        "-s",
+        "-d",
+        "rxe0",
+        "-p",
+        "18611",
+        "--timeout",
+        "1",
+    ]);
+    assert!(start.elapsed() < Duration::from_secs(8));
+    assert_eq!(out.status.code(), Some(5));
+    assert!(one_error_line(&out).contains("no client connected"));
+}
+
+fn connect_retrying(port: u16) -> std::net::TcpStream {
+    for _ in 0..100 {
+        if let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("server on port {port} never listened");
+}
+
+/// The server gets `bytes` from a raw TCP client, then the client closes.
+fn server_fed(port: u16, bytes: &[u8], keep_open: bool) -> (Output, Duration) {
+    let p = port.to_string();
+    let server = spawn(&["pingpong", "-s", "-d", "rxe1", "-p", &p, "--timeout", "2"]);
+    let mut s = connect_retrying(port);
+    s.write_all(bytes).unwrap();
+    if !keep_open {
+        drop(s);
+        return wait_within(server, Duration::from_secs(8), "server");
+    }
+    let r = wait_within(server, Duration::from_secs(8), "server");
+    drop(s);
+    r
+}
+
+#[test]
+fn garbage_ends_the_server_with_a_clear_error() {
+    let (out, took) = server_fed(18612, b"GET / HTTP/1.0\r\n\r\n", true);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    let line = one_error_line(&out);
+    assert!(
+        line.contains("malformed message") && line.contains("bad magic"),
+        "{line}"
+    );
+}
+
+#[test]
+fn bad_exchange_messages() {
+    // Wrong version, oversized, truncated (then closed), and nothing at all (closed).
+    let (out, _) = server_fed(18613, b"RDMO\x00\x07\x00\x3c", true);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(one_error_line(&out).contains("unsupported protocol version 7"));
+    let (out, _) = server_fed(18614, b"RDMO\x00\x01\xff\xff", true);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(one_error_line(&out).contains("oversized message"));
+    let (out, _) = server_fed(18615, b"RDMO\x00\x01\x00\x3c\x01\x00", false);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(one_error_line(&out).contains("truncated message"));
+    let (out, _) = server_fed(18616, b"", false);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(one_error_line(&out).contains("closed the connection during the exchange"));
+    // Silent peer: the exchange times out.
+    let (out, took) = server_fed(18617, b"RDMO", true);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let line = one_error_line(&out);
+    assert!(
+        line.contains("truncated") || line.contains("sent nothing"),
+        "{line}"
+    );
+}
+
+#[test]
+fn mtu_mismatch_fails_both_sides() {
+    let server = spawn(&[
+        "pingpong", "-s", "-d", "rxe1", "-p", "18618", "--mtu", "512", "-i", "10",
+    ]);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = rdma_demo(&[
+        "pingpong",
+        "-d",
+        "rxe0",
+        "-p",
+        "18618",
+        "-i",
+        "10",
+        "127.0.0.1",
+    ]);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(one_error_line(&out).contains("MTU mismatch: ours is 1024"));
+    let (s, _) = wait_within(server, Duration::from_secs(10), "server");
+    assert_eq!(s.status.code(), Some(6));
+    assert!(one_error_line(&s).contains("MTU mismatch: ours is 512"));
+}
+
+#[test]
+fn peer_dies_mid_run_in_event_mode() {
+    let server = spawn(&[
+        "pingpong",
+        "-s",
+        "-d",
+        "rxe1",
+        "-e",
+        "-p",
+        "18619",
+        "-i",
+        "1000000",
+        "-S",
+        "64",
+        "--timeout",
+        "2",
+    ]);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut client = spawn(&[
+        "pingpong",
+        "-d",
+        "rxe0",
+        "-e",
+        "-p",
+        "18619",
+        "-i",
+        "1000000",
+        "-S",
+        "64",
+        "127.0.0.1",
+    ]);
+    std::thread::sleep(Duration::from_secs(3));
+    if client.try_wait().unwrap().is_some() {
+        let out = client.wait_with_output().unwrap();
+        panic!(
+            "client ended early: {:?} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    client.kill().unwrap();
+    let _ = client.wait();
+    let (out, took) = wait_within(server, Duration::from_secs(10), "server");
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    assert_eq!(out.status.code(), Some(7));
+    let line = one_error_line(&out);
+    assert!(
+        line.contains("no completion within 2 s (Event mode)"),
+        "{line}"
+    );
+}
+
+#[test]
+fn remote_access_error_is_reported() {
+    let out = rdma_demo(&[
+        "write-read",
+        "--loopback",
+        "-p",
+        "0",
+        "-d",
+        "rxe0",
+        "--server-device",
+        "rxe1",
+        "-i",
+        "5",
+        "-S",
+        "64",
+        "--timeout",
+        "2",
+        "--inject-fault",
+        "bad-rkey",
+    ]);
+    assert_eq!(out.status.code(), Some(8));
+    let line = one_error_line(&out);
+    assert!(
+        line.contains(
+            "client: the first RDMA READ: work completion with error status \"remote access error\""
+        ),
+        "{line}"
+    );
+}
+
+#[test]
+fn failed_qp_transition_names_it_and_the_errno() {
+    let out = rdma_demo(&[
+        "pingpong",
+        "--loopback",
+        "-p",
+        "0",
+        "-d",
+        "rxe0",
+        "--server-device",
+        "rxe1",
+        "-i",
+        "5",
+        "-S",
+        "64",
+        "--timeout",
+        "2",
+        "--inject-fault",
+        "bad-sgid",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_error_line(&out);
+    assert!(line.contains("ibv_modify_qp(INIT->RTR)"), "{line}");
+    assert!(line.contains("(os error "), "{line}");
+}
+
+/// Brings `vb` back up (and waits for rxe1's RoCE v2 GID) even if the test fails.
+struct LinkUp;
+
+impl Drop for LinkUp {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "set", "vb", "up"])
+            .status();
+        for _ in 0..100 {
+            let out = rdma_demo(&["devices", "-d", "rxe1"]);
+            let s = String::from_utf8_lossy(&out.stdout);
+            if s.contains("PORT_ACTIVE") && s.contains("::ffff:10.9.0.2") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn port_not_active() {
+    let _restore = LinkUp;
+    let st = Command::new("ip")
+        .args(["link", "set", "vb", "down"])
+        .status()
+        .expect("run ip");
+    assert!(st.success());
+    let mut out = rdma_demo(&["pingpong", "-d", "rxe1", "-p", "1", "127.0.0.1"]);
+    for _ in 0..50 {
+        if out.status.code() == Some(4) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        out = rdma_demo(&["pingpong", "-d", "rxe1", "-p", "1", "127.0.0.1"]);
+    }
+    assert_eq!(out.status.code(), Some(4));
+    let line = one_error_line(&out);
+    assert!(
+        line.contains("rxe1 port 1 is PORT_DOWN, not PORT_ACTIVE"),
+        "{line}"
+    );
+}
+
+fn check_atomic(mode: &str, clients: &str) {
+    let (stdout, v) = loopback_json(
+        "atomic",
+        &["-i", "20", "--clients", clients, "--mode", mode],
+    );
+    let n: u64 = clients.parse().unwrap();
+    let expected = n * (n + 1) / 2 * 20;
+    assert!(
+        stdout.contains(&format!(
+            "final counter: {expected} (expected {expected}: correct)"
+        )),
+        "{stdout}"
+    );
+    let reports = v["reports"].as_array().expect("reports");
+    assert_eq!(reports.len() as u64, n + 1, "{v:#}");
+    let server = &reports[n as usize];
+    assert_eq!(server["role"], "server");
+    assert_eq!(server["final_counter"], expected);
+    assert_eq!(server["final_lock"], 0);
+    assert_eq!(server["final_inside"], 0);
+    let mut ids: Vec<u64> = reports[..n as usize]
+        .iter()
+        .map(|r| {
+            assert_eq!(r["role"], "client");
+            let attempts = r["lock_attempts"].as_u64().unwrap();
+            let retries = r["lock_retries"].as_u64().unwrap();
+            assert_eq!(attempts - retries, 20, "{r:#}");
+            assert_eq!(r["hold_us"]["count"], 20);
+            r["client_id"].as_u64().unwrap()
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=n).collect::<Vec<_>>());
+}
+
+#[test]
+fn atomic_one_client_event() {
+    check_atomic("event", "1");
+}
+
+#[test]
+fn atomic_four_clients_poll_no_overlap() {
+    check_atomic("poll", "4");
+}
+
+#[test]
+fn atomic_two_clients_event_no_overlap() {
+    check_atomic("event", "2");
+}

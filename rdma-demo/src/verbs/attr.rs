@@ -191,6 +191,18 @@ impl Mtu {
         }
     }
 
+    /// The MTU of `bytes` bytes, if that is one of 256, 512, 1024, 2048, 4096.
+    pub fn from_bytes(bytes: u32) -> Option<Self> {
+        match bytes {
+            256 => Some(Mtu::Mtu256),
+            512 => Some(Mtu::Mtu512),
+            1024 => Some(Mtu::Mtu1024),
+            2048 => Some(Mtu::Mtu2048),
+            4096 => Some(Mtu::Mtu4096),
+            _ => None,
+        }
+    }
+
     pub fn bytes(self) -> u32 {
         match self {
             Mtu::Mtu256 => 256,

@@ -156,61 +156,76 @@ impl Context {
     /// The populated entries of the GID table of `port` (all-zero entries skipped), via
     /// `ibv_query_gid_ex`; entries it cannot read are taken from sysfs instead.
     pub fn gid_table(&self, port: u8, attr: &PortAttr) -> Result<Vec<GidEntry>, VerbsError> {
-        let sysfs = Sysfs::default();
         let mut entries = Vec::new();
         let mut first_error = None;
         for index in 0..attr.gid_tbl_len {
-            let mut raw = MaybeUninit::<ibv_gid_entry>::zeroed();
-            // SAFETY: the context is open; `raw` is a writable ibv_gid_entry of the size passed.
-            let rc = unsafe {
-                _ibv_query_gid_ex(
-                    self.as_ptr(),
-                    port.into(),
-                    index,
-                    raw.as_mut_ptr(),
-                    0,
-                    size_of::<ibv_gid_entry>(),
-                )
-            };
-            match check_rc(rc, "ibv_query_gid_ex", || {
-                format!("{} port {port} index {index}", self.name())
-            }) {
-                Ok(()) => {
-                    // SAFETY: zero-initialised plain old data, filled in by the successful call.
-                    let raw = unsafe { raw.assume_init_ref() };
-                    // SAFETY: both union variants are plain bytes; `raw` covers all 16.
-                    let gid = Gid(unsafe { raw.gid.raw });
-                    if gid.is_zero() {
-                        continue;
-                    }
-                    let netdev = interface_name(raw.ndev_ifindex)
-                        .or_else(|| sysfs.gid_netdev(self.name(), port, index));
-                    entries.push(GidEntry {
-                        index,
-                        gid,
-                        gid_type: GidType::from_raw(raw.gid_type),
-                        netdev,
-                    });
+            match self.gid_entry(port, index, attr) {
+                Ok(Some(entry)) => entries.push(entry),
+                Ok(None) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
                 }
-                // An empty entry.
-                Err(e) if e.errno() == Some(libc::ENODATA) => {}
-                Err(e) => match sysfs.gid(self.name(), port, index) {
-                    Some(gid) if gid.is_zero() => {}
-                    Some(gid) => entries.push(GidEntry {
-                        index,
-                        gid,
-                        gid_type: sysfs.gid_type(self.name(), port, index, attr.link_layer),
-                        netdev: sysfs.gid_netdev(self.name(), port, index),
-                    }),
-                    None => {
-                        first_error.get_or_insert(e);
-                    }
-                },
             }
         }
         match first_error {
             Some(e) if entries.is_empty() => Err(e),
             _ => Ok(entries),
+        }
+    }
+
+    /// Entry `index` of the GID table of `port`: `Ok(None)` if it is empty. Read with
+    /// `ibv_query_gid_ex`, or from sysfs if that fails.
+    pub fn gid_entry(
+        &self,
+        port: u8,
+        index: u32,
+        attr: &PortAttr,
+    ) -> Result<Option<GidEntry>, VerbsError> {
+        let sysfs = Sysfs::default();
+        let mut raw = MaybeUninit::<ibv_gid_entry>::zeroed();
+        // SAFETY: the context is open; `raw` is a writable ibv_gid_entry of the size passed.
+        let rc = unsafe {
+            _ibv_query_gid_ex(
+                self.as_ptr(),
+                port.into(),
+                index,
+                raw.as_mut_ptr(),
+                0,
+                size_of::<ibv_gid_entry>(),
+            )
+        };
+        match check_rc(rc, "ibv_query_gid_ex", || {
+            format!("{} port {port} index {index}", self.name())
+        }) {
+            Ok(()) => {
+                // SAFETY: zero-initialised plain old data, filled in by the successful call.
+                let raw = unsafe { raw.assume_init_ref() };
+                // SAFETY: both union variants are plain bytes; `raw` covers all 16.
+                let gid = Gid(unsafe { raw.gid.raw });
+                if gid.is_zero() {
+                    return Ok(None);
+                }
+                let netdev = interface_name(raw.ndev_ifindex)
+                    .or_else(|| sysfs.gid_netdev(self.name(), port, index));
+                Ok(Some(GidEntry {
+                    index,
+                    gid,
+                    gid_type: GidType::from_raw(raw.gid_type),
+                    netdev,
+                }))
+            }
+            // An empty entry.
+            Err(e) if e.errno() == Some(libc::ENODATA) => Ok(None),
+            Err(e) => match sysfs.gid(self.name(), port, index) {
+                Some(gid) if gid.is_zero() => Ok(None),
+                Some(gid) => Ok(Some(GidEntry {
+                    index,
+                    gid,
+                    gid_type: sysfs.gid_type(self.name(), port, index, attr.link_layer),
+                    netdev: sysfs.gid_netdev(self.name(), port, index),
+                })),
+                None => Err(e),
+            },
         }
     }
 }

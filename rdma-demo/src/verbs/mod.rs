@@ -10,21 +10,34 @@
 //! * [`Context`] (from [`Device::open`]) owns an open device and outlives the list, as libibverbs
 //!   allows: an opened device stays valid after `ibv_free_device_list`.
 //!
-//! Later objects (protection domain, memory region, completion queue and channel, queue pair)
-//! belong next to [`Context`], one submodule each, borrowing the object they are created from.
+//! * Later objects hold an [`Rc`](std::rc::Rc) to what they were created from, so each is
+//!   released before its parent whatever the order the caller drops them in: a
+//!   [`QueuePair`] before its CQs and PD, a [`CompletionQueue`] before its
+//!   [`CompletionChannel`], a [`MemoryRegion`] before its [`ProtectionDomain`], all before the
+//!   [`Context`]. The one order the types cannot enforce is QP before the MRs it used: owners
+//!   declare the QP field first.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod attr;
+mod cq;
 mod device;
 mod ffi;
 mod gid;
+mod pd;
+mod qp;
 
 use std::io;
 
 pub use attr::{AtomicCap, DeviceAttr, LinkLayer, Mtu, PortAttr, PortState, Transport};
+pub use cq::{
+    CompletionChannel, CompletionQueue, POLL_BATCH, WcOpcode, WorkCompletion, status_str,
+    wait_readable,
+};
 pub use device::{Context, Device, DeviceList};
 pub use gid::{Gid, GidEntry, GidType, ParseGidError};
+pub use pd::{Access, MemoryRegion, ProtectionDomain};
+pub use qp::{PathParams, QpCaps, QueuePair, RemoteAddr, RemoteQp, SendOp};
 
 /// A failed verbs call: which call, on what, and the OS error it reported.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,489 @@
+//! Atomics: Fetch-and-Add on a remote 8-byte counter and a Compare-and-Swap spin lock.
+//!
+//! The server exposes 24 bytes, REMOTE_ATOMIC (plus the LOCAL_WRITE the verbs require) and
+//! nothing else: `counter` (offset 0), `lock` (8: 0 = free, else the holder's client id) and
+//! `inside` (16: how many clients are in the critical section). Each of the `N` clients
+//! (`--clients`), `iterations` times:
+//!
+//! 1. adds its id to `counter` (FADD; the old value comes back);
+//! 2. takes the lock: CAS `lock` 0 → id until it succeeds (the failures are retries);
+//! 3. FADD `inside` +1 — the old value must be 0, or two clients hold the lock at once;
+//! 4. FADD `inside` −1 — the old value must be 1;
+//! 5. releases: CAS `lock` id → 0 — the old value must be its id.
+//!
+//! Then it tells the server with a SEND. The server checks `counter` = Σ id · iterations,
+//! `lock` = 0 and `inside` = 0.
+
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::completion::{CompletionError, Completions, Mode, expect};
+use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
+use crate::error::DemoError;
+use crate::exchange::{self, ConnInfo, Demo, ExchangeError, RemoteBuf};
+use crate::stats::{self, Summary, Totals};
+use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
+
+const COUNTER: u64 = 0;
+const LOCK: u64 = 8;
+const INSIDE: u64 = 16;
+const REGION_LEN: u32 = 24;
+/// Upper bound of `--clients`.
+pub const MAX_CLIENTS: u32 = 64;
+
+const WR_ATOMIC: u64 = 1;
+const WR_DONE: u64 = 2;
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Params {
+    pub iterations: u32,
+    pub clients: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub role: &'static str,
+    pub device: String,
+    pub mode: Mode,
+    pub iterations: u32,
+    pub client_id: Option<u32>,
+    pub totals: Totals,
+    /// Server: the final counter, what it should be, and the lock words.
+    pub final_counter: Option<u64>,
+    pub expected_counter: Option<u64>,
+    pub final_lock: Option<u64>,
+    pub final_inside: Option<u64>,
+    /// Client: the lock statistics.
+    pub lock_attempts: Option<u64>,
+    pub lock_retries: Option<u64>,
+    pub hold_us: Option<Summary>,
+    pub fetch_add_us: Option<Summary>,
+    pub cmp_swap_us: Option<Summary>,
+    /// Client: what its last FADD on the counter returned.
+    pub last_fetched: Option<u64>,
+    #[serde(skip)]
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for n in &self.notes {
+            let _ = writeln!(out, "{n}");
+        }
+        let who = match self.client_id {
+            Some(id) => format!("client {id}"),
+            None => self.role.to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "{who} {}: atomics, {} rounds, {} mode",
+            self.device,
+            self.iterations,
+            format!("{:?}", self.mode).to_lowercase()
+        );
+        if let (Some(c), Some(e)) = (self.final_counter, self.expected_counter) {
+            let _ = writeln!(out, "final counter: {c} (expected {e}: correct)");
+            let _ = writeln!(
+                out,
+                "lock word: {}, holders inside: {} (no overlap seen)",
+                self.final_lock.unwrap_or_default(),
+                self.final_inside.unwrap_or_default()
+            );
+        }
+        if let (Some(a), Some(r)) = (self.lock_attempts, self.lock_retries) {
+            let _ = writeln!(out, "lock attempts: {a}, retries: {r}");
+            if let Some(last) = self.last_fetched {
+                let _ = writeln!(out, "last Fetch-and-Add returned: {last}");
+            }
+        }
+        out.push_str(&self.totals.render("one round"));
+        for (name, s) in [
+            ("Fetch-and-Add", &self.fetch_add_us),
+            ("Compare-and-Swap", &self.cmp_swap_us),
+            ("lock hold time", &self.hold_us),
+        ] {
+            if let Some(s) = s {
+                let _ = writeln!(out, "--- {name} (full latency, not halved) ---");
+                let _ = writeln!(out, "{}", stats::TABLE_HEADER);
+                let _ = writeln!(out, "{}", stats::table_row(8, s));
+            }
+        }
+        out
+    }
+}
+
+fn check_iterations(
+    p: Params,
+    theirs: &ConnInfo,
+    stream: &std::net::TcpStream,
+) -> Result<(), ExchangeError> {
+    if theirs.iterations != p.iterations {
+        return Err(ExchangeError::Mismatch {
+            peer: exchange::peer_name(stream),
+            what: format!(
+                "peer runs -i {}, we run -i {} (use the same on both sides)",
+                theirs.iterations, p.iterations
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Server: accepts `clients` clients, waits for all their final SENDs, checks the words.
+pub fn server(
+    opts: &EndpointOptions,
+    listener: &TcpListener,
+    p: Params,
+) -> Result<Report, DemoError> {
+    let ep = Endpoint::open(opts)?;
+    let n = p.clients as usize;
+    let region = MemoryRegion::new(
+        &ep.pd,
+        REGION_LEN as usize,
+        Access {
+            local_write: true,
+            remote_atomic: true,
+            ..Access::default()
+        },
+    )?;
+    let signals = MemoryRegion::new(&ep.pd, 8 * n, Access::LOCAL_WRITE)?;
+    let cq = ep.cq(2 * p.clients + 4)?;
+    let mut comp = Completions::new(std::rc::Rc::clone(&cq), ep.mode, ep.timeout)?;
+    let buffer = RemoteBuf {
+        addr: region.addr(0),
+        rkey: region.rkey(),
+        len: REGION_LEN,
+    };
+    // Declared after the regions: dropped before them.
+    let mut qps = Vec::with_capacity(n);
+    for k in 0..n {
+        let qp = QueuePair::new_rc(
+            &ep.pd,
+            &cq,
+            &cq,
+            QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+            },
+        )?;
+        qp.to_init(
+            ep.port,
+            Access {
+                remote_atomic: true,
+                ..Access::default()
+            },
+        )?;
+        qp.post_recv(k as u64, &signals, 8 * k, 8)?;
+        let psn = random_psn();
+        let id = k as u32 + 1;
+        let ours = ep.local_info(Demo::Atomic, &qp, psn, p.iterations, 8, id, Some(buffer));
+        let mut stream = exchange::accept(listener, opts.timeout)?;
+        let theirs = exchange::receive(&mut stream, opts.timeout)?;
+        if let Err(e) = exchange::check_peer(&stream, &ours, &theirs)
+            .and_then(|()| check_iterations(p, &theirs, &stream))
+        {
+            let _ = exchange::send(&mut stream, &ours, opts.timeout);
+            return Err(e.into());
+        }
+        ep.connect(&qp, psn, &theirs)?;
+        exchange::send(&mut stream, &ours, opts.timeout)?;
+        qps.push(qp);
+    }
+    let start = Instant::now();
+    let mut done = vec![false; n];
+    let mut last = region.read_u64(COUNTER as usize);
+    while done.iter().any(|d| !d) {
+        let Some(wc) = comp.try_next_within(opts.timeout)? else {
+            // Clients that still run keep changing the counter.
+            let now = region.read_u64(COUNTER as usize);
+            if now == last {
+                let missing: Vec<String> = (0..n)
+                    .filter(|&k| !done[k])
+                    .map(|k| (k + 1).to_string())
+                    .collect();
+                return Err(CompletionError::Timeout {
+                    what: format!("client(s) {} to finish", missing.join(", ")),
+                    mode: ep.mode,
+                    timeout: opts.timeout,
+                }
+                .into());
+            }
+            last = now;
+            continue;
+        };
+        let what = || format!("the final message of client {}", wc.wr_id + 1);
+        let wc = expect(wc, WcOpcode::Recv, &what)?;
+        let k = wc.wr_id as usize;
+        if k >= n || done[k] {
+            return Err(DemoError::Verify(format!(
+                "unexpected final message {}",
+                wc.wr_id
+            )));
+        }
+        let rounds = signals.read_u64(8 * k);
+        if rounds != u64::from(p.iterations) {
+            return Err(DemoError::Verify(format!(
+                "client {} reports {rounds} rounds, want {}",
+                k + 1,
+                p.iterations
+            )));
+        }
+        done[k] = true;
+    }
+    let counter = region.read_u64(COUNTER as usize);
+    let lock = region.read_u64(LOCK as usize);
+    let inside = region.read_u64(INSIDE as usize);
+    let expected: u64 = (1..=u64::from(p.clients)).sum::<u64>() * u64::from(p.iterations);
+    if counter != expected {
+        return Err(DemoError::Verify(format!(
+            "final counter {counter}, want {expected} (the sum of all adds)"
+        )));
+    }
+    if lock != 0 || inside != 0 {
+        return Err(DemoError::Verify(format!(
+            "lock word {lock} and {inside} holder(s) inside after all clients finished"
+        )));
+    }
+    let rounds = u64::from(p.iterations) * u64::from(p.clients);
+    let totals = Totals::new(
+        start.elapsed(),
+        rounds,
+        comp.wait_time(),
+        0,
+        u64::from(p.clients),
+    );
+    let mut notes = ep.notes.clone();
+    notes.push(format!(
+        "server: {} client(s); 24 bytes at {:#x} rkey {:#x} (REMOTE_ATOMIC only)",
+        p.clients, buffer.addr, buffer.rkey
+    ));
+    drop(qps);
+    Ok(Report {
+        role: "server",
+        device: ep.device.clone(),
+        mode: ep.mode,
+        iterations: p.iterations,
+        client_id: None,
+        totals,
+        final_counter: Some(counter),
+        expected_counter: Some(expected),
+        final_lock: Some(lock),
+        final_inside: Some(inside),
+        lock_attempts: None,
+        lock_retries: None,
+        hold_us: None,
+        fetch_add_us: None,
+        cmp_swap_us: None,
+        last_fetched: None,
+        notes,
+    })
+}
+
+/// One client.
+pub fn client(
+    opts: &EndpointOptions,
+    host: &str,
+    port: u16,
+    p: Params,
+) -> Result<Report, DemoError> {
+    let ep = Endpoint::open(opts)?;
+    // [atomic result | final message], local only.
+    let local = MemoryRegion::new(&ep.pd, 16, Access::LOCAL_WRITE)?;
+    let cq = ep.cq(4)?;
+    let qp = QueuePair::new_rc(
+        &ep.pd,
+        &cq,
+        &cq,
+        QpCaps {
+            max_send_wr: 2,
+            max_recv_wr: 1,
+        },
+    )?;
+    qp.to_init(ep.port, Access::default())?;
+    let mut comp = Completions::new(cq, ep.mode, ep.timeout)?;
+    let psn = random_psn();
+    let ours = ep.local_info(Demo::Atomic, &qp, psn, p.iterations, 8, 0, None);
+    let peer = {
+        let mut stream = exchange::connect(host, port, opts.timeout)?;
+        let theirs = exchange::exchange(&mut stream, &ours, opts.timeout)?;
+        check_iterations(p, &theirs, &stream)?;
+        theirs
+    };
+    let id = peer.client_id;
+    let remote = match peer.buffer {
+        Some(b) if b.len == REGION_LEN && b.addr.is_multiple_of(8) && id != 0 => b,
+        other => {
+            return Err(ExchangeError::Mismatch {
+                peer: format!("{host}:{port}"),
+                what: format!(
+                    "want an 8-byte aligned {REGION_LEN}-byte region and a client id, got {other:?} and id {id}"
+                ),
+            }
+            .into());
+        }
+    };
+    ep.connect(&qp, psn, &peer)?;
+    let id64 = u64::from(id);
+
+    let atomic =
+        |comp: &mut Completions, op: SendOp, opcode, what: &str| -> Result<(u64, u64), DemoError> {
+            let t0 = Instant::now();
+            qp.post_send(WR_ATOMIC, op, &local, 0, 8, true)?;
+            let what = || format!("client {id}: {what}");
+            let wc = comp.next(&what)?;
+            expect(wc, opcode, &what)?;
+            Ok((local.read_u64(0), t0.elapsed().as_nanos() as u64))
+        };
+    let fadd = |remote_off, add| SendOp::FetchAdd {
+        remote: remote.at(remote_off),
+        add,
+    };
+    let cas = |compare, swap| SendOp::CmpSwap {
+        remote: remote.at(LOCK),
+        compare,
+        swap,
+    };
+    let k = p.iterations as usize;
+    let (mut fadds, mut cass, mut holds) = (
+        Vec::with_capacity(k),
+        Vec::with_capacity(k),
+        Vec::with_capacity(k),
+    );
+    let (mut attempts, mut retries, mut last_fetched) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
+    for round in 0..p.iterations {
+        let (old, t) = atomic(
+            &mut comp,
+            fadd(COUNTER, id64),
+            WcOpcode::FetchAdd,
+            "FADD counter",
+        )?;
+        fadds.push(t);
+        last_fetched = old;
+        let deadline = Instant::now() + opts.timeout;
+        loop {
+            let (old, t) = atomic(
+                &mut comp,
+                cas(0, id64),
+                WcOpcode::CompSwap,
+                "CAS lock 0 -> id",
+            )?;
+            cass.push(t);
+            attempts += 1;
+            if old == 0 {
+                break;
+            }
+            if old == id64 {
+                return Err(DemoError::Verify(format!(
+                    "client {id} round {round}: the lock already names us"
+                )));
+            }
+            retries += 1;
+            if Instant::now() > deadline {
+                return Err(CompletionError::Timeout {
+                    what: format!("client {id}: the lock (held by client {old})"),
+                    mode: ep.mode,
+                    timeout: opts.timeout,
+                }
+                .into());
+            }
+        }
+        let acquired = Instant::now();
+        let (inside, _) = atomic(
+            &mut comp,
+            fadd(INSIDE, 1),
+            WcOpcode::FetchAdd,
+            "FADD inside +1",
+        )?;
+        if inside != 0 {
+            return Err(DemoError::Verify(format!(
+                "client {id} round {round}: {inside} other holder(s) inside the critical section"
+            )));
+        }
+        let (inside, _) = atomic(
+            &mut comp,
+            fadd(INSIDE, u64::MAX),
+            WcOpcode::FetchAdd,
+            "FADD inside -1",
+        )?;
+        if inside != 1 {
+            return Err(DemoError::Verify(format!(
+                "client {id} round {round}: {inside} holders inside on leaving, want 1"
+            )));
+        }
+        let (old, t) = atomic(
+            &mut comp,
+            cas(id64, 0),
+            WcOpcode::CompSwap,
+            "CAS lock id -> 0",
+        )?;
+        cass.push(t);
+        holds.push(acquired.elapsed().as_nanos() as u64);
+        if old != id64 {
+            return Err(DemoError::Verify(format!(
+                "client {id} round {round}: released a lock held by {old}"
+            )));
+        }
+    }
+    let total = start.elapsed();
+    local.write_u64(8, u64::from(p.iterations));
+    qp.post_send(WR_DONE, SendOp::Send, &local, 8, 8, true)?;
+    let what = || format!("client {id}: the final SEND");
+    let wc = comp.next(&what)?;
+    expect(wc, WcOpcode::Send, &what)?;
+    let ops = fadds.len() as u64 + cass.len() as u64 + 2 * u64::from(p.iterations);
+    let totals = Totals::new(
+        total,
+        u64::from(p.iterations),
+        comp.wait_time(),
+        ops + 1,
+        ops,
+    );
+    Ok(Report {
+        role: "client",
+        device: ep.device.clone(),
+        mode: ep.mode,
+        iterations: p.iterations,
+        client_id: Some(id),
+        totals,
+        final_counter: None,
+        expected_counter: None,
+        final_lock: None,
+        final_inside: None,
+        lock_attempts: Some(attempts),
+        lock_retries: Some(retries),
+        hold_us: stats::summarize(&holds),
+        fetch_add_us: stats::summarize(&fadds),
+        cmp_swap_us: stats::summarize(&cass),
+        last_fetched: Some(last_fetched),
+        notes: ep.notes.clone(),
+    })
+}
+
+/// `clients` clients at once, one thread (and device context) each.
+pub fn clients(
+    opts: &EndpointOptions,
+    host: &str,
+    port: u16,
+    p: Params,
+) -> Result<Vec<Report>, DemoError> {
+    let results: Vec<Result<Report, DemoError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..p.clients)
+            .map(|_| s.spawn(|| client(opts, host, port, p)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(DemoError::Other("a client thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut reports: Vec<Report> = results.into_iter().collect::<Result<_, _>>()?;
+    reports.sort_by_key(|r| r.client_id);
+    Ok(reports)
+}

@@ -1,0 +1,215 @@
+//! Waiting for completions: one interface, two strategies.
+//!
+//! * [`Mode::Poll`]: spin on `ibv_poll_cq` (lowest latency, one core busy).
+//! * [`Mode::Event`]: sleep on the completion channel. The CQ is armed (`ibv_req_notify_cq`)
+//!   before the first wait and re-armed after each event *before* the CQ is drained, so a
+//!   completion that arrives between the drain and the next sleep still raises an event: no
+//!   wake-up is lost. Each event is acknowledged at once.
+//!
+//! Every wait has a deadline; the time spent waiting is summed ("wait/CQ").
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::exchange::secs;
+use crate::verbs::{CompletionQueue, VerbsError, WcOpcode, WorkCompletion};
+
+/// How to wait for completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Busy polling
+    Poll,
+    /// Completion channel events
+    Event,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CompletionError {
+    #[error("no completion within {} ({mode:?} mode) while waiting for {what}: is the peer still alive?", secs(*timeout))]
+    Timeout {
+        what: String,
+        mode: Mode,
+        timeout: Duration,
+    },
+    #[error(
+        "{what}: work completion with error status \"{status_str}\" ({status}), vendor_err {vendor_err:#x}, wr_id {wr_id}, QP {qp_num:#x}"
+    )]
+    Status {
+        what: String,
+        status: u32,
+        status_str: String,
+        vendor_err: u32,
+        wr_id: u64,
+        qp_num: u32,
+    },
+    #[error("{what}: unexpected completion {opcode:?} (wr_id {wr_id})")]
+    Unexpected {
+        what: String,
+        opcode: WcOpcode,
+        wr_id: u64,
+    },
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+}
+
+/// Completions of one CQ, fetched by polling or by events.
+#[derive(Debug)]
+pub struct Completions {
+    cq: Rc<CompletionQueue>,
+    mode: Mode,
+    timeout: Duration,
+    pending: VecDeque<WorkCompletion>,
+    scratch: Vec<WorkCompletion>,
+    wait: Duration,
+    events: u64,
+    completions: u64,
+}
+
+impl Completions {
+    /// In event mode the CQ must have a completion channel; it is armed here.
+    pub fn new(cq: Rc<CompletionQueue>, mode: Mode, timeout: Duration) -> Result<Self, VerbsError> {
+        if mode == Mode::Event {
+            cq.arm()?;
+        }
+        Ok(Completions {
+            cq,
+            mode,
+            timeout,
+            pending: VecDeque::new(),
+            scratch: Vec::with_capacity(crate::verbs::POLL_BATCH),
+            wait: Duration::ZERO,
+            events: 0,
+            completions: 0,
+        })
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Total time spent waiting in [`next`](Self::next).
+    pub fn wait_time(&self) -> Duration {
+        self.wait
+    }
+
+    /// CQ events received (event mode).
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    pub fn completions(&self) -> u64 {
+        self.completions
+    }
+
+    fn drain(&mut self) -> Result<usize, VerbsError> {
+        self.scratch.clear();
+        let n = self.cq.poll(&mut self.scratch)?;
+        self.pending.extend(self.scratch.drain(..));
+        Ok(n)
+    }
+
+    /// The next completion, whatever its status, within the timeout.
+    pub fn next(&mut self, what: &dyn Fn() -> String) -> Result<WorkCompletion, CompletionError> {
+        self.next_within(self.timeout, what)
+    }
+
+    /// As [`next`](Self::next) with another timeout; `Ok(None)` when it passes.
+    pub fn try_next_within(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Option<WorkCompletion>, CompletionError> {
+        if let Some(wc) = self.pending.pop_front() {
+            self.completions += 1;
+            return Ok(Some(wc));
+        }
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let found = match self.mode {
+            Mode::Poll => {
+                let mut spins = 0u32;
+                loop {
+                    if self.drain()? > 0 {
+                        break true;
+                    }
+                    spins = spins.wrapping_add(1);
+                    if spins.is_multiple_of(1024) && Instant::now() >= deadline {
+                        break false;
+                    }
+                }
+            }
+            Mode::Event => loop {
+                // Armed here: drain first, sleep only on an empty CQ.
+                if self.drain()? > 0 {
+                    break true;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() || !self.cq.wait_event(left)? {
+                    break false;
+                }
+                self.events += 1;
+                self.cq.arm()?;
+            },
+        };
+        self.wait += start.elapsed();
+        if !found {
+            return Ok(None);
+        }
+        self.completions += 1;
+        Ok(self.pending.pop_front())
+    }
+
+    pub fn next_within(
+        &mut self,
+        timeout: Duration,
+        what: &dyn Fn() -> String,
+    ) -> Result<WorkCompletion, CompletionError> {
+        self.try_next_within(timeout)?
+            .ok_or_else(|| CompletionError::Timeout {
+                what: what(),
+                mode: self.mode,
+                timeout,
+            })
+    }
+}
+
+/// `Ok(wc)` if it succeeded, else the status error.
+pub fn check_status(
+    wc: WorkCompletion,
+    what: &dyn Fn() -> String,
+) -> Result<WorkCompletion, CompletionError> {
+    if wc.is_success() {
+        Ok(wc)
+    } else {
+        Err(CompletionError::Status {
+            what: what(),
+            status: wc.status,
+            status_str: wc.status_str(),
+            vendor_err: wc.vendor_err,
+            wr_id: wc.wr_id,
+            qp_num: wc.qp_num,
+        })
+    }
+}
+
+/// Successful, with the expected opcode.
+pub fn expect(
+    wc: WorkCompletion,
+    opcode: WcOpcode,
+    what: &dyn Fn() -> String,
+) -> Result<WorkCompletion, CompletionError> {
+    let wc = check_status(wc, what)?;
+    if wc.opcode != opcode {
+        return Err(CompletionError::Unexpected {
+            what: what(),
+            opcode: wc.opcode,
+            wr_id: wc.wr_id,
+        });
+    }
+    Ok(wc)
+}

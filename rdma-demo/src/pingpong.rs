@@ -1,0 +1,324 @@
+//! SEND/RECV ping-pong, as `ibv_rc_pingpong`: the client sends a message, the server answers,
+//! `iterations` times. Both sides keep one receive posted ahead.
+//!
+//! Memory: one region per side, `LOCAL_WRITE` only (no remote access at all): a send slot and
+//! a receive slot of `size` bytes. The first 8 bytes of each message carry the iteration number
+//! (the server answers with its complement) and are checked on receipt.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::completion::{Completions, Mode, expect};
+use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
+use crate::error::DemoError;
+use crate::exchange::{self, ConnInfo, Demo, ExchangeError};
+use crate::stats::{self, Summary, Totals};
+use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
+
+const WR_RECV: u64 = 1;
+const WR_SEND: u64 = 2;
+
+/// What both sides must agree on.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Params {
+    pub iterations: u32,
+    pub size: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub role: &'static str,
+    pub device: String,
+    pub port: u8,
+    pub gid_index: Option<u8>,
+    pub mtu: u32,
+    pub mode: Mode,
+    pub iterations: u32,
+    pub size: u32,
+    pub local_qpn: u32,
+    pub remote_qpn: u32,
+    pub totals: Totals,
+    /// CQ events taken (event mode).
+    pub cq_events: u64,
+    /// Per-iteration round trips (client only).
+    pub round_trip_us: Option<Summary>,
+    /// Half of each round trip, as perftest's `ib_send_lat` reports (client only).
+    pub one_way_us: Option<Summary>,
+    #[serde(skip)]
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for n in &self.notes {
+            out.push_str(n);
+            out.push('\n');
+        }
+        out.push_str(&format!(
+            "{} {} port {}: QP {:#08x} <-> remote QP {:#08x}, MTU {}, {} B x {} iterations, {} mode\n",
+            self.role,
+            self.device,
+            self.port,
+            self.local_qpn,
+            self.remote_qpn,
+            self.mtu,
+            self.size,
+            self.iterations,
+            format!("{:?}", self.mode).to_lowercase()
+        ));
+        out.push_str(&self.totals.render("round trip per iteration"));
+        if let (Some(one_way), Some(rtt)) = (&self.one_way_us, &self.round_trip_us) {
+            out.push_str("--- one-way latency = round trip / 2 (as ib_send_lat) ---\n");
+            out.push_str(stats::TABLE_HEADER);
+            out.push('\n');
+            out.push_str(&stats::table_row(self.size.into(), one_way));
+            out.push('\n');
+            out.push_str("--- round trip ---\n");
+            out.push_str(stats::TABLE_HEADER);
+            out.push('\n');
+            out.push_str(&stats::table_row(self.size.into(), rtt));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// The QP, MR and completions of one side; the QP is declared (and dropped) first.
+struct Side {
+    qp: QueuePair,
+    mr: MemoryRegion,
+    comp: Completions,
+    ep: Endpoint,
+    psn: u32,
+    size: u32,
+    recv_off: usize,
+}
+
+impl Side {
+    fn new(opts: &EndpointOptions, size: u32) -> Result<Self, DemoError> {
+        let ep = Endpoint::open(opts)?;
+        let slot = (size as usize).next_multiple_of(64);
+        let mr = MemoryRegion::new(&ep.pd, 2 * slot, Access::LOCAL_WRITE)?;
+        let cq = ep.cq(16)?;
+        let qp = QueuePair::new_rc(
+            &ep.pd,
+            &cq,
+            &cq,
+            QpCaps {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+            },
+        )?;
+        qp.to_init(ep.port, Access::default())?;
+        let comp = Completions::new(cq, ep.mode, ep.timeout)?;
+        let side = Side {
+            qp,
+            mr,
+            comp,
+            psn: random_psn(),
+            size,
+            recv_off: slot,
+            ep,
+        };
+        side.post_recv()?;
+        Ok(side)
+    }
+
+    fn post_recv(&self) -> Result<(), DemoError> {
+        Ok(self
+            .qp
+            .post_recv(WR_RECV, &self.mr, self.recv_off, self.size)?)
+    }
+
+    fn info(&self, p: Params) -> ConnInfo {
+        self.ep.local_info(
+            Demo::PingPong,
+            &self.qp,
+            self.psn,
+            p.iterations,
+            p.size,
+            0,
+            None,
+        )
+    }
+
+    fn send(&self, value: u64) -> Result<(), DemoError> {
+        self.mr.write(0, &value.to_le_bytes());
+        Ok(self
+            .qp
+            .post_send(WR_SEND, SendOp::Send, &self.mr, 0, self.size, true)?)
+    }
+
+    /// Checks a receive completion and its sequence number, then reposts the receive.
+    fn received(&self, byte_len: u32, want: u64) -> Result<(), DemoError> {
+        let mut seq = [0u8; 8];
+        self.mr.read(self.recv_off, &mut seq);
+        let got = u64::from_le_bytes(seq);
+        if byte_len != self.size || got != want {
+            return Err(DemoError::Verify(format!(
+                "received {byte_len} bytes with sequence {got:#x}, want {} bytes with {want:#x}",
+                self.size
+            )));
+        }
+        self.post_recv()
+    }
+
+    fn report(
+        &self,
+        role: &'static str,
+        p: Params,
+        peer: &ConnInfo,
+        totals: Totals,
+        rtt: Option<Summary>,
+    ) -> Report {
+        Report {
+            role,
+            device: self.ep.device.clone(),
+            port: self.ep.port,
+            gid_index: self.ep.sgid_index,
+            mtu: self.ep.mtu.bytes(),
+            mode: self.ep.mode,
+            iterations: p.iterations,
+            size: p.size,
+            local_qpn: self.qp.qp_num(),
+            remote_qpn: peer.qpn,
+            totals,
+            cq_events: self.comp.events(),
+            one_way_us: rtt.map(|s| s.halved()),
+            round_trip_us: rtt,
+            notes: self.ep.notes.clone(),
+        }
+    }
+}
+
+fn check_params(
+    stream: &std::net::TcpStream,
+    ours: Params,
+    theirs: &ConnInfo,
+) -> Result<(), ExchangeError> {
+    if theirs.iterations != ours.iterations || theirs.size != ours.size {
+        return Err(ExchangeError::Mismatch {
+            peer: exchange::peer_name(stream),
+            what: format!(
+                "peer runs -i {} -S {}, we run -i {} -S {} (use the same on both sides)",
+                theirs.iterations, theirs.size, ours.iterations, ours.size
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Client side: connects to `host:port`, then runs the ping-pong.
+pub fn client(
+    opts: &EndpointOptions,
+    host: &str,
+    port: u16,
+    p: Params,
+) -> Result<Report, DemoError> {
+    let mut side = Side::new(opts, p.size)?;
+    let ours = side.info(p);
+    let peer = {
+        let mut stream = exchange::connect(host, port, opts.timeout)?;
+        let theirs = exchange::exchange(&mut stream, &ours, opts.timeout)?;
+        check_params(&stream, p, &theirs)?;
+        theirs
+        // The TCP connection closes here, before the data phase.
+    };
+    side.ep.connect(&side.qp, side.psn, &peer)?;
+
+    let mut samples = Vec::with_capacity(p.iterations as usize);
+    let start = Instant::now();
+    for i in 0..u64::from(p.iterations) {
+        let t0 = Instant::now();
+        side.send(i)?;
+        let (mut sent, mut received) = (false, false);
+        while !(sent && received) {
+            let what = || format!("iteration {i} of {}", p.iterations);
+            let wc = side.comp.next(&what)?;
+            let wc = crate::completion::check_status(wc, &what)?;
+            match wc.opcode {
+                WcOpcode::Send if !sent => sent = true,
+                WcOpcode::Recv if !received => {
+                    side.received(wc.byte_len, !i)?;
+                    received = true;
+                }
+                _ => {
+                    return Err(crate::completion::CompletionError::Unexpected {
+                        what: what(),
+                        opcode: wc.opcode,
+                        wr_id: wc.wr_id,
+                    }
+                    .into());
+                }
+            }
+        }
+        samples.push(t0.elapsed().as_nanos() as u64);
+    }
+    let total = start.elapsed();
+    let n = u64::from(p.iterations);
+    let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
+    Ok(side.report("client", p, &peer, totals, stats::summarize(&samples)))
+}
+
+/// Server side: accepts one client on `listener`, then answers `iterations` messages.
+pub fn server(
+    opts: &EndpointOptions,
+    listener: &TcpListener,
+    p: Params,
+) -> Result<Report, DemoError> {
+    let mut side = Side::new(opts, p.size)?;
+    let ours = side.info(p);
+    let peer = {
+        let mut stream = exchange::accept(listener, opts.timeout)?;
+        let theirs = exchange::receive(&mut stream, opts.timeout)?;
+        let checked = exchange::check_peer(&stream, &ours, &theirs)
+            .and_then(|()| check_params(&stream, p, &theirs));
+        if let Err(e) = checked {
+            // Tell the client too; it reports the mismatch from its side.
+            let _ = exchange::send(&mut stream, &ours, opts.timeout);
+            return Err(e.into());
+        }
+        side.ep.connect(&side.qp, side.psn, &theirs)?;
+        exchange::send(&mut stream, &ours, opts.timeout)?;
+        theirs
+    };
+
+    let mut start = None;
+    let mut send_outstanding = false;
+    for i in 0..u64::from(p.iterations) {
+        let mut received = false;
+        while !received || send_outstanding {
+            let what = || format!("iteration {i} of {}", p.iterations);
+            let wc = side.comp.next(&what)?;
+            let wc = crate::completion::check_status(wc, &what)?;
+            match wc.opcode {
+                WcOpcode::Send if send_outstanding => send_outstanding = false,
+                WcOpcode::Recv if !received => {
+                    start.get_or_insert_with(Instant::now);
+                    side.received(wc.byte_len, i)?;
+                    received = true;
+                }
+                _ => {
+                    return Err(crate::completion::CompletionError::Unexpected {
+                        what: what(),
+                        opcode: wc.opcode,
+                        wr_id: wc.wr_id,
+                    }
+                    .into());
+                }
+            }
+        }
+        side.send(!i)?;
+        send_outstanding = true;
+    }
+    let what = || "the completion of the last answer".to_string();
+    let wc = side.comp.next(&what)?;
+    expect(wc, WcOpcode::Send, &what)?;
+    let total = start.map_or(Duration::ZERO, |s| s.elapsed());
+    let n = u64::from(p.iterations);
+    let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
+    Ok(side.report("server", p, &peer, totals, None))
+}

@@ -1,0 +1,395 @@
+//! RDMA WRITE/READ: the client reads the server's buffer, then `iterations` times writes a
+//! pattern into it and reads it back, checking every byte. The server's CPU takes no part: it
+//! fills its buffer once, waits for the client's final SEND, and checks the last pattern.
+//!
+//! Memory: the server's demo buffer allows REMOTE_READ | REMOTE_WRITE (and the LOCAL_WRITE the
+//! verbs require with REMOTE_WRITE), and nothing else; the final message lands in a separate
+//! 8-byte LOCAL_WRITE region. The client's regions are LOCAL_WRITE only.
+
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::completion::{Completions, Mode, expect};
+use crate::endpoint::{Endpoint, EndpointOptions, Fault, random_psn};
+use crate::error::DemoError;
+use crate::exchange::{self, ConnInfo, Demo, ExchangeError, RemoteBuf};
+use crate::stats::{self, Summary, Totals};
+use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
+
+const WR_RECV: u64 = 1;
+const WR_WRITE: u64 = 2;
+const WR_READ: u64 = 3;
+const WR_DONE: u64 = 4;
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Params {
+    pub iterations: u32,
+    pub size: u32,
+}
+
+/// The server's initial content.
+pub fn server_pattern(i: usize) -> u8 {
+    (i.wrapping_mul(31).wrapping_add(7) % 251) as u8
+}
+
+/// What the client writes in iteration `n`.
+pub fn client_pattern(n: u32, i: usize) -> u8 {
+    (i.wrapping_mul(17).wrapping_add(n as usize * 13 + 3) % 253) as u8 ^ 0x5a
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub role: &'static str,
+    pub device: String,
+    pub mode: Mode,
+    pub iterations: u32,
+    pub size: u32,
+    pub totals: Totals,
+    /// The first bytes read from the server before writing (client).
+    pub first_read: Option<String>,
+    /// Latency of each RDMA WRITE, post to completion (client).
+    pub write_us: Option<Summary>,
+    /// Latency of each RDMA READ, post to completion (client).
+    pub read_us: Option<Summary>,
+    pub bytes_verified: u64,
+    #[serde(skip)]
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for n in &self.notes {
+            let _ = writeln!(out, "{n}");
+        }
+        let _ = writeln!(
+            out,
+            "{} {}: RDMA WRITE/READ, {} B x {} iterations, {} mode",
+            self.role,
+            self.device,
+            self.size,
+            self.iterations,
+            format!("{:?}", self.mode).to_lowercase()
+        );
+        if let Some(first) = &self.first_read {
+            let _ = writeln!(
+                out,
+                "read from the server: {first} ... (its initial pattern: verified)"
+            );
+        }
+        let _ = writeln!(out, "bytes verified: {}", self.bytes_verified);
+        out.push_str(&self.totals.render("one WRITE + one READ per iteration"));
+        for (name, s) in [("RDMA WRITE", &self.write_us), ("RDMA READ", &self.read_us)] {
+            if let Some(s) = s {
+                let _ = writeln!(
+                    out,
+                    "--- {name} latency, post to completion (full, not halved) ---"
+                );
+                let _ = writeln!(out, "{}", stats::TABLE_HEADER);
+                let _ = writeln!(out, "{}", stats::table_row(self.size.into(), s));
+            }
+        }
+        out
+    }
+}
+
+fn mismatch(
+    params: Params,
+    theirs: &ConnInfo,
+    stream: &std::net::TcpStream,
+) -> Result<(), ExchangeError> {
+    if theirs.iterations != params.iterations || theirs.size != params.size {
+        return Err(ExchangeError::Mismatch {
+            peer: exchange::peer_name(stream),
+            what: format!(
+                "peer runs -i {} -S {}, we run -i {} -S {} (use the same on both sides)",
+                theirs.iterations, theirs.size, params.iterations, params.size
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Server: exposes a buffer, waits for the client's final SEND, checks the last pattern.
+pub fn server(
+    opts: &EndpointOptions,
+    listener: &TcpListener,
+    p: Params,
+) -> Result<Report, DemoError> {
+    let ep = Endpoint::open(opts)?;
+    let size = p.size as usize;
+    let demo = MemoryRegion::new(
+        &ep.pd,
+        size,
+        Access {
+            local_write: true,
+            remote_read: true,
+            remote_write: true,
+            remote_atomic: false,
+        },
+    )?;
+    demo.fill(0, size, server_pattern);
+    let signal = MemoryRegion::new(&ep.pd, 8, Access::LOCAL_WRITE)?;
+    let cq = ep.cq(4)?;
+    let qp = QueuePair::new_rc(
+        &ep.pd,
+        &cq,
+        &cq,
+        QpCaps {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+        },
+    )?;
+    qp.to_init(
+        ep.port,
+        Access {
+            local_write: false,
+            remote_read: true,
+            remote_write: true,
+            remote_atomic: false,
+        },
+    )?;
+    qp.post_recv(WR_RECV, &signal, 0, 8)?;
+    let mut comp = Completions::new(cq, ep.mode, ep.timeout)?;
+    let psn = random_psn();
+    let buffer = RemoteBuf {
+        addr: demo.addr(0),
+        rkey: demo.rkey(),
+        len: p.size,
+    };
+    let ours = ep.local_info(
+        Demo::WriteRead,
+        &qp,
+        psn,
+        p.iterations,
+        p.size,
+        0,
+        Some(buffer),
+    );
+    {
+        let mut stream = exchange::accept(listener, opts.timeout)?;
+        let theirs = exchange::receive(&mut stream, opts.timeout)?;
+        if let Err(e) = exchange::check_peer(&stream, &ours, &theirs)
+            .and_then(|()| mismatch(p, &theirs, &stream))
+        {
+            let _ = exchange::send(&mut stream, &ours, opts.timeout);
+            return Err(e.into());
+        }
+        ep.connect(&qp, psn, &theirs)?;
+        exchange::send(&mut stream, &ours, opts.timeout)?;
+    }
+    let start = Instant::now();
+    // The client keeps rewriting the buffer: as long as it changes, the client is alive.
+    let mut last = vec![0u8; size.min(64)];
+    demo.read(0, &mut last);
+    let wc = loop {
+        if let Some(wc) = comp.try_next_within(opts.timeout)? {
+            break wc;
+        }
+        let mut now = vec![0u8; last.len()];
+        demo.read(0, &mut now);
+        if now == last {
+            return Err(crate::completion::CompletionError::Timeout {
+                what: "the client's final message (and its buffer did not change)".into(),
+                mode: ep.mode,
+                timeout: opts.timeout,
+            }
+            .into());
+        }
+        last = now;
+    };
+    let what = || "the client's final message".to_string();
+    expect(wc, WcOpcode::Recv, &what)?;
+    let done = signal.read_u64(0);
+    if done != u64::from(p.iterations) {
+        return Err(DemoError::Verify(format!(
+            "the client reports {done} iterations, want {}",
+            p.iterations
+        )));
+    }
+    let mut got = vec![0u8; size];
+    demo.read(0, &mut got);
+    let last_n = p.iterations - 1;
+    if let Some(i) = (0..size).find(|&i| got[i] != client_pattern(last_n, i)) {
+        return Err(DemoError::Verify(format!(
+            "server buffer byte {i} is {:#04x}, want {:#04x} (the client's last pattern)",
+            got[i],
+            client_pattern(last_n, i)
+        )));
+    }
+    let totals = Totals::new(
+        start.elapsed(),
+        u64::from(p.iterations),
+        comp.wait_time(),
+        0,
+        1,
+    );
+    let mut notes = ep.notes.clone();
+    notes.push(format!(
+        "server: exposed {size} bytes at {:#x} rkey {:#x} (REMOTE_READ|REMOTE_WRITE); its CPU only waited for the final SEND",
+        buffer.addr, buffer.rkey
+    ));
+    Ok(Report {
+        role: "server",
+        device: ep.device.clone(),
+        mode: ep.mode,
+        iterations: p.iterations,
+        size: p.size,
+        totals,
+        first_read: None,
+        write_us: None,
+        read_us: None,
+        bytes_verified: size as u64,
+        notes,
+    })
+}
+
+/// Client: READ, then WRITE + READ back + verify per iteration, then the final SEND.
+pub fn client(
+    opts: &EndpointOptions,
+    host: &str,
+    port: u16,
+    p: Params,
+) -> Result<Report, DemoError> {
+    let ep = Endpoint::open(opts)?;
+    let size = p.size as usize;
+    // [write source | read destination], both local only.
+    let local = MemoryRegion::new(&ep.pd, 2 * size, Access::LOCAL_WRITE)?;
+    let cq = ep.cq(4)?;
+    let qp = QueuePair::new_rc(
+        &ep.pd,
+        &cq,
+        &cq,
+        QpCaps {
+            max_send_wr: 2,
+            max_recv_wr: 1,
+        },
+    )?;
+    qp.to_init(ep.port, Access::default())?;
+    let mut comp = Completions::new(cq, ep.mode, ep.timeout)?;
+    let psn = random_psn();
+    let ours = ep.local_info(Demo::WriteRead, &qp, psn, p.iterations, p.size, 0, None);
+    let peer = {
+        let mut stream = exchange::connect(host, port, opts.timeout)?;
+        let theirs = exchange::exchange(&mut stream, &ours, opts.timeout)?;
+        mismatch(p, &theirs, &stream)?;
+        theirs
+    };
+    let remote = match peer.buffer {
+        Some(b) if b.len == p.size && ep.fault == Some(Fault::BadRkey) => RemoteBuf {
+            rkey: b.rkey ^ 0x5a5a_5a5a,
+            ..b
+        },
+        Some(b) if b.len == p.size => b,
+        other => {
+            return Err(ExchangeError::Mismatch {
+                peer: format!("{host}:{port}"),
+                what: format!(
+                    "the server exposes {:?}, want a {}-byte buffer",
+                    other, p.size
+                ),
+            }
+            .into());
+        }
+    };
+    ep.connect(&qp, psn, &peer)?;
+
+    let op =
+        |comp: &mut Completions, wr_id, sop, off, opcode, what: &str| -> Result<u64, DemoError> {
+            let t0 = Instant::now();
+            qp.post_send(wr_id, sop, &local, off, p.size, true)?;
+            let what = || what.to_string();
+            let wc = comp.next(&what)?;
+            expect(wc, opcode, &what)?;
+            Ok(t0.elapsed().as_nanos() as u64)
+        };
+    let start = Instant::now();
+    // 1. What does the server hold?
+    let read_op = SendOp::RdmaRead(remote.at(0));
+    op(
+        &mut comp,
+        WR_READ,
+        read_op,
+        size,
+        WcOpcode::RdmaRead,
+        "the first RDMA READ",
+    )?;
+    let mut got = vec![0u8; size];
+    local.read(size, &mut got);
+    if let Some(i) = (0..size).find(|&i| got[i] != server_pattern(i)) {
+        return Err(DemoError::Verify(format!(
+            "first READ: byte {i} is {:#04x}, want the server's {:#04x}",
+            got[i],
+            server_pattern(i)
+        )));
+    }
+    let first_read = got
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut writes = Vec::with_capacity(p.iterations as usize);
+    let mut reads = Vec::with_capacity(p.iterations as usize);
+    let mut verified = size as u64;
+    for n in 0..p.iterations {
+        local.fill(0, size, |i| client_pattern(n, i));
+        local.fill(size, size, |_| 0);
+        writes.push(op(
+            &mut comp,
+            WR_WRITE,
+            SendOp::RdmaWrite(remote.at(0)),
+            0,
+            WcOpcode::RdmaWrite,
+            "RDMA WRITE",
+        )?);
+        reads.push(op(
+            &mut comp,
+            WR_READ,
+            read_op,
+            size,
+            WcOpcode::RdmaRead,
+            "RDMA READ",
+        )?);
+        local.read(size, &mut got);
+        if let Some(i) = (0..size).find(|&i| got[i] != client_pattern(n, i)) {
+            return Err(DemoError::Verify(format!(
+                "iteration {n}: read back byte {i} as {:#04x}, wrote {:#04x}",
+                got[i],
+                client_pattern(n, i)
+            )));
+        }
+        verified += size as u64;
+    }
+    let total = start.elapsed();
+    // 2. Tell the server we are done: a SEND, since TCP is closed.
+    local.write(0, &u64::from(p.iterations).to_le_bytes());
+    qp.post_send(WR_DONE, SendOp::Send, &local, 0, 8, true)?;
+    let what = || "the final SEND".to_string();
+    let wc = comp.next(&what)?;
+    expect(wc, WcOpcode::Send, &what)?;
+    let ops = 2 * u64::from(p.iterations) + 1;
+    let totals = Totals::new(
+        total,
+        u64::from(p.iterations),
+        comp.wait_time(),
+        ops + 1,
+        ops,
+    );
+    Ok(Report {
+        role: "client",
+        device: ep.device.clone(),
+        mode: ep.mode,
+        iterations: p.iterations,
+        size: p.size,
+        totals,
+        first_read: Some(first_read),
+        write_us: stats::summarize(&writes),
+        read_us: stats::summarize(&reads),
+        bytes_verified: verified,
+        notes: ep.notes.clone(),
+    })
+}
