@@ -1,12 +1,22 @@
 //! Layout shared by the eBPF programs (`rdma-trace-ebpf`) and the loader (`rdma-trace`).
 //!
-//! Every map is a per-CPU array of `u64` indexed by the helpers below, so both sides agree on
-//! one index formula and the loader only sums the per-CPU values.
+//! The loader numbers the probes it attaches (`0..MAX_PROBES`). Every probe owns a row of
+//! [`HIST_SLOTS`] histogram slots in the per-CPU array `HIST` and [`NR_COUNTERS`] counters in
+//! `COUNTS`; the loader sums the CPUs. What each attached program feeds is decided at load time
+//! through read-only globals (`KSLOTS`, `SOFTIRQ_PROBE`, ...), so the programs stay generic.
 #![no_std]
 
-/// log2 histogram slots: slot `i` holds durations in `[2^i, 2^(i+1))` nanoseconds
-/// (slot 0 also holds 0 ns).
-pub const SLOTS: u32 = 64;
+/// Probes one run can attach.
+pub const MAX_PROBES: u32 = 48;
+
+/// Kernel-function program pairs (`kentry_N` / `kreturn_N`): one per traced kernel function.
+pub const MAX_KSLOTS: u32 = 16;
+
+/// Intervals (point A in one function → point B in another) one run can measure.
+pub const MAX_INTERVALS: u32 = 4;
+
+/// "No probe here" in the configuration globals.
+pub const NO_PROBE: u32 = u32::MAX;
 
 /// Softirq vectors in Linux (`HI_SOFTIRQ` .. `RCU_SOFTIRQ`).
 pub const NR_SOFTIRQS: u32 = 10;
@@ -16,40 +26,64 @@ pub const SOFTIRQ_NAMES: [&str; NR_SOFTIRQS as usize] = [
     "HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU",
 ];
 
-/// Kernel functions that can be timed at once (entry → return), one kprobe pair per slot.
-pub const FUNC_SLOTS: u32 = 8;
+/// Hard IRQ numbers whose handlers can be timed at once.
+pub const MAX_IRQS: u32 = 16;
 
-/// Per-function counters (index with [`func_counter`]).
-pub const FC_ENTRY: u32 = 0;
-/// Returns seen.
-pub const FC_RETURN: u32 = 1;
-/// Returns without a recorded entry (the entry was missed or attached mid-call).
-pub const FC_RETURN_NO_ENTRY: u32 = 2;
-/// Counters per function slot.
-pub const NR_FC: u32 = 3;
+/// Sub-buckets per power of two in the histograms.
+pub const SUB_BUCKETS: u32 = 4;
+/// Histogram slots per probe: 64 powers of two × [`SUB_BUCKETS`].
+pub const HIST_SLOTS: u32 = 64 * SUB_BUCKETS;
 
-/// Index of histogram slot `slot` of softirq vector `vec` in `SOFTIRQ_HIST`.
-#[inline(always)]
-pub const fn softirq_hist_index(vec: u32, slot: u32) -> u32 {
-    vec * SLOTS + slot
+/// Counter: events seen (calls, entries, softirq runs, interval starts).
+pub const C_EVENTS: u32 = 0;
+/// Counter: values recorded in the histogram.
+pub const C_RECORDED: u32 = 1;
+/// Counter: ends without a start (attached mid-call, lost entry, map full).
+pub const C_UNMATCHED: u32 = 2;
+/// Counters per probe.
+pub const NR_COUNTERS: u32 = 3;
+
+/// What a kernel-function program pair feeds (one entry of the `KSLOTS` global).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KSlot {
+    /// Probe timing entry → return of this function, or [`NO_PROBE`].
+    pub duration: u32,
+    /// Interval (index into `INTERVALS`) that entry of this function starts, or [`NO_PROBE`].
+    pub starts: u32,
+    /// Interval that the return of this function ends, or [`NO_PROBE`].
+    pub ends: u32,
+    /// Unused; keeps the struct free of padding.
+    pub _pad: u32,
 }
 
-/// Index of histogram slot `slot` of function slot `func` in `FUNC_HIST`.
-#[inline(always)]
-pub const fn func_hist_index(func: u32, slot: u32) -> u32 {
-    func * SLOTS + slot
+impl KSlot {
+    pub const UNUSED: KSlot = KSlot {
+        duration: NO_PROBE,
+        starts: NO_PROBE,
+        ends: NO_PROBE,
+        _pad: 0,
+    };
 }
 
-/// Index of counter `counter` (`FC_*`) of function slot `func` in `FUNC_COUNTS`.
+/// Interval `i`'s probe (entry `i` of the `INTERVAL_PROBE` global).
+pub type IntervalProbes = [u32; MAX_INTERVALS as usize];
+
+/// Index of histogram slot `slot` of probe `probe` in `HIST`.
 #[inline(always)]
-pub const fn func_counter(func: u32, counter: u32) -> u32 {
-    func * NR_FC + counter
+pub const fn hist_index(probe: u32, slot: u32) -> u32 {
+    probe * HIST_SLOTS + slot
 }
 
-/// floor(log2(v)), with log2(0) = 0, clamped to the last slot. Written without
-/// count-leading-zeros because BPF has no such instruction.
+/// Index of counter `counter` (`C_*`) of probe `probe` in `COUNTS`.
 #[inline(always)]
-pub fn log2_slot(mut v: u64) -> u32 {
+pub const fn counter_index(probe: u32, counter: u32) -> u32 {
+    probe * NR_COUNTERS + counter
+}
+
+/// floor(log2(v)) for v > 0 (0 for 0), without count-leading-zeros: BPF has no such instruction.
+#[inline(always)]
+pub fn log2(mut v: u64) -> u32 {
     let mut r: u32 = ((v > 0xFFFF_FFFF) as u32) << 5;
     v >>= r;
     let mut shift = ((v > 0xFFFF) as u32) << 4;
@@ -64,58 +98,116 @@ pub fn log2_slot(mut v: u64) -> u32 {
     shift = ((v > 0x3) as u32) << 1;
     v >>= shift;
     r |= shift;
-    let r = r | ((v >> 1) as u32);
-    if r >= SLOTS { SLOTS - 1 } else { r }
+    r | ((v >> 1) as u32)
+}
+
+/// Histogram slot of `v`: values below 4 have a slot each (0..=3); from 4 on, power of two `p`
+/// is split into [`SUB_BUCKETS`] equal parts at slots `4p .. 4p + 3`. A slot's width is at most
+/// 25 % of its lower bound.
+#[inline(always)]
+pub fn hist_slot(v: u64) -> u32 {
+    if v < 4 {
+        return v as u32;
+    }
+    let p = log2(v);
+    let sub = ((v >> (p - 2)) & 3) as u32;
+    let slot = p * SUB_BUCKETS + sub;
+    if slot >= HIST_SLOTS {
+        HIST_SLOTS - 1
+    } else {
+        slot
+    }
+}
+
+/// `[lo, hi)` of histogram slot `slot` (`hi` saturates at `u64::MAX`); slots 4..=7 are never used.
+pub const fn slot_bounds(slot: u32) -> (u64, u64) {
+    if slot < 4 {
+        return (slot as u64, slot as u64 + 1);
+    }
+    let p = slot / SUB_BUCKETS;
+    let sub = (slot % SUB_BUCKETS) as u64;
+    if p < 2 {
+        return (0, 0);
+    }
+    let unit = 1u64 << (p - 2);
+    let lo = (4 + sub) * unit;
+    let hi = match (5 + sub).checked_mul(unit) {
+        Some(h) => h,
+        None => u64::MAX,
+    };
+    (lo, hi)
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: KSlot is repr(C), Copy, made of u32s with no padding: any bit pattern is valid.
+    unsafe impl aya::Pod for super::KSlot {}
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn log2_slot_matches_leading_zeros() {
-        assert_eq!(log2_slot(0), 0);
-        let mut samples = [0u64; 200];
+    fn samples() -> impl Iterator<Item = u64> {
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        for s in samples.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *s = x >> (x % 64);
-        }
-        for v in samples
-            .into_iter()
-            .chain((1..=4096).map(|v| v as u64))
-            .chain([u64::MAX])
-        {
-            if v == 0 {
-                continue;
-            }
-            assert_eq!(log2_slot(v), 63 - v.leading_zeros(), "v = {v}");
+        (0..500)
+            .map(move |_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x >> (x % 64)
+            })
+            .chain(0..=5000)
+            .chain([u64::MAX, u64::MAX - 1, 1 << 63])
+    }
+
+    #[test]
+    fn log2_matches_leading_zeros() {
+        assert_eq!(log2(0), 0);
+        for v in samples().filter(|&v| v > 0) {
+            assert_eq!(log2(v), 63 - v.leading_zeros(), "v = {v}");
         }
     }
 
     #[test]
-    fn powers_of_two_start_their_slot() {
-        for i in 0..64 {
-            assert_eq!(log2_slot(1u64 << i), i);
-            if i > 0 {
-                assert_eq!(log2_slot((1u64 << i) - 1), i - 1);
-            }
+    fn every_value_falls_inside_its_slot() {
+        for v in samples() {
+            let s = hist_slot(v);
+            assert!(s < HIST_SLOTS);
+            assert!(!(4..8).contains(&s), "slots 4..8 are unused, v = {v}");
+            let (lo, hi) = slot_bounds(s);
+            assert!(
+                lo <= v && (v < hi || hi == u64::MAX),
+                "v = {v} slot {s} [{lo}, {hi})"
+            );
         }
+    }
+
+    #[test]
+    fn slots_are_at_most_a_quarter_wide_and_contiguous() {
+        let mut prev_hi = 4;
+        for s in 8..HIST_SLOTS {
+            let (lo, hi) = slot_bounds(s);
+            assert_eq!(lo, prev_hi, "slot {s} starts where slot {} ended", s - 1);
+            if hi != u64::MAX {
+                assert!((hi - lo) * 4 <= lo, "slot {s} [{lo}, {hi}) wider than 25 %");
+            }
+            prev_hi = hi;
+        }
+        assert_eq!(slot_bounds(3), (3, 4));
     }
 
     #[test]
     fn indexes_do_not_overlap() {
-        assert_eq!(softirq_hist_index(1, 0), SLOTS);
+        assert_eq!(hist_index(1, 0), HIST_SLOTS);
         assert_eq!(
-            func_hist_index(FUNC_SLOTS - 1, SLOTS - 1),
-            FUNC_SLOTS * SLOTS - 1
+            hist_index(MAX_PROBES - 1, HIST_SLOTS - 1),
+            MAX_PROBES * HIST_SLOTS - 1
         );
-        assert_eq!(func_counter(1, FC_ENTRY), NR_FC);
+        assert_eq!(counter_index(1, C_EVENTS), NR_COUNTERS);
         assert_eq!(
-            func_counter(FUNC_SLOTS - 1, FC_RETURN_NO_ENTRY),
-            FUNC_SLOTS * NR_FC - 1
+            counter_index(MAX_PROBES - 1, C_UNMATCHED),
+            MAX_PROBES * NR_COUNTERS - 1
         );
     }
 }

@@ -1,134 +1,300 @@
-//! eBPF programs of rdma-trace.
+//! eBPF programs of rdma-trace: generic entry/exit mechanisms that feed per-CPU histograms.
 //!
-//! Two shapes so far, both building per-CPU log2 histograms (nanoseconds) that the loader sums:
-//! - softirq duration: tracepoints `irq:softirq_entry` → `irq:softirq_exit`, per vector,
-//!   attached as raw tracepoints (no tracefs needed, and cheaper than perf tracepoints);
-//! - function duration: a kprobe/kretprobe pair per function slot (`func_entry_N`/`func_return_N`), the
-//!   loader decides which kernel function each slot is attached to.
+//! The loader numbers the probes and tells each program what to feed through read-only globals
+//! (`KSLOTS`, `SOFTIRQ_PROBE`, `NAPI_PROBE`, `INTERVAL_PROBE`), set before load, so the verifier
+//! sees constants and the programs carry no per-probe code. Shapes:
+//! - kernel function duration: `kentry_N` (kprobe, or `fentry_N`) stores the entry time keyed
+//!   by (thread, slot N); `kreturn_N` (kretprobe, or `fexit_N`) records return − entry;
+//! - interval: the entry of one function starts it, the return of another ends it
+//!   (e.g. `ib_uverbs_comp_handler` → the demo's read of the completion event = wake-up latency);
+//! - softirq duration per vector, from the `softirq_entry`/`softirq_exit` raw tracepoints;
+//! - hard IRQ handler duration per IRQ number, from `irq_handler_entry`/`irq_handler_exit`;
+//! - NAPI polls: count, and a histogram of packets handled per poll (`napi_poll`).
+//!
+//! No per-event ring buffer: everything is aggregated here.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
-    macros::{kprobe, kretprobe, map, raw_tracepoint},
-    maps::PerCpuArray,
-    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{fentry, fexit, kprobe, kretprobe, map, raw_tracepoint},
+    maps::{Array, HashMap, PerCpuArray},
+    programs::{FEntryContext, FExitContext, ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use rdma_trace_common::{
-    FC_ENTRY, FC_RETURN, FC_RETURN_NO_ENTRY, FUNC_SLOTS, NR_FC, NR_SOFTIRQS, SLOTS, func_counter,
-    func_hist_index, log2_slot, softirq_hist_index,
+    C_EVENTS, C_RECORDED, C_UNMATCHED, HIST_SLOTS, IntervalProbes, KSlot, MAX_INTERVALS, MAX_IRQS,
+    MAX_KSLOTS, MAX_PROBES, NO_PROBE, NR_COUNTERS, NR_SOFTIRQS, counter_index, hist_index,
+    hist_slot,
 };
 
-/// Start time of the running softirq, per vector (softirqs do not nest on one CPU).
-#[map]
-static SOFTIRQ_START: PerCpuArray<u64> = PerCpuArray::with_max_entries(NR_SOFTIRQS, 0);
-/// Softirq duration histograms, see `softirq_hist_index`.
-#[map]
-static SOFTIRQ_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(NR_SOFTIRQS * SLOTS, 0);
-/// Entry time of the function in each slot on this CPU (the traced functions do not sleep).
-#[map]
-static FUNC_START: PerCpuArray<u64> = PerCpuArray::with_max_entries(FUNC_SLOTS, 0);
-/// Function duration histograms, see `func_hist_index`.
-#[map]
-static FUNC_HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(FUNC_SLOTS * SLOTS, 0);
-/// Function counters, see `func_counter`.
-#[map]
-static FUNC_COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FUNC_SLOTS * NR_FC, 0);
+// ---- configuration, set by the loader before load (read-only for the programs)
+
+/// What each kernel-function program pair feeds.
+#[unsafe(no_mangle)]
+static KSLOTS: [KSlot; MAX_KSLOTS as usize] = [KSlot::UNUSED; MAX_KSLOTS as usize];
+/// Probe timing each softirq vector, or NO_PROBE.
+#[unsafe(no_mangle)]
+static SOFTIRQ_PROBE: [u32; NR_SOFTIRQS as usize] = [NO_PROBE; NR_SOFTIRQS as usize];
+/// Probe counting NAPI polls (histogram: packets per poll), or NO_PROBE.
+#[unsafe(no_mangle)]
+static NAPI_PROBE: u32 = NO_PROBE;
+/// Probe of each interval.
+#[unsafe(no_mangle)]
+static INTERVAL_PROBE: IntervalProbes = [NO_PROBE; MAX_INTERVALS as usize];
 
 #[inline(always)]
-fn bump(map: &PerCpuArray<u64>, index: u32) {
+fn config<T: Copy>(v: &T) -> T {
+    // SAFETY: reading a static; volatile so the compiler keeps the load the loader patches.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+// ---- maps
+
+/// Histograms: row `probe` of HIST_SLOTS slots (see `hist_slot`).
+#[map]
+static HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_PROBES * HIST_SLOTS, 0);
+/// Counters: C_EVENTS, C_RECORDED, C_UNMATCHED per probe.
+#[map]
+static COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_PROBES * NR_COUNTERS, 0);
+/// Entry time per (thread id << 32 | kernel-function slot): the thread may sleep and migrate.
+#[map]
+static KSTART: HashMap<u64, u64> = HashMap::with_max_entries(16384, 0);
+/// Start time of each interval (global: the end usually runs on another CPU and thread).
+#[map]
+static INTERVAL_START: Array<u64> = Array::with_max_entries(MAX_INTERVALS, 0);
+/// Start time of the running softirq, per vector (softirqs do not migrate or nest per vector).
+#[map]
+static SOFTIRQ_START: PerCpuArray<u64> = PerCpuArray::with_max_entries(NR_SOFTIRQS, 0);
+/// Probe timing the handlers of each traced IRQ number.
+#[map]
+static IRQ_PROBE: HashMap<u32, u32> = HashMap::with_max_entries(MAX_IRQS, 0);
+/// Start time of the running hard IRQ handler on this CPU.
+#[map]
+static IRQ_START: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+// ---- recording
+
+#[inline(always)]
+fn add(map: &PerCpuArray<u64>, index: u32) {
     if let Some(p) = map.get_ptr_mut(index) {
-        // SAFETY: `p` points into this CPU's slot of a per-CPU array; nothing else on this CPU
-        // runs this program concurrently (BPF programs are not re-entered on one CPU).
+        // SAFETY: `p` points into this CPU's copy of a per-CPU array; BPF programs do not
+        // re-enter on one CPU, so nothing else writes it meanwhile.
         unsafe { *p += 1 };
     }
 }
 
-/// Take the start time stored at `index` (clearing it) and return the elapsed ns, if any.
 #[inline(always)]
-fn take_elapsed(map: &PerCpuArray<u64>, index: u32) -> Option<u64> {
-    let p = map.get_ptr_mut(index)?;
-    // SAFETY: as in `bump`, the per-CPU slot is only touched by this CPU.
-    let start = unsafe { core::mem::replace(&mut *p, 0) };
-    if start == 0 {
+fn count(probe: u32, counter: u32) {
+    if probe < MAX_PROBES {
+        add(&COUNTS, counter_index(probe, counter));
+    }
+}
+
+#[inline(always)]
+fn record(probe: u32, value: u64) {
+    if probe < MAX_PROBES {
+        add(&HIST, hist_index(probe, hist_slot(value)));
+        add(&COUNTS, counter_index(probe, C_RECORDED));
+    }
+}
+
+#[inline(always)]
+fn now() -> u64 {
+    // SAFETY: bpf_ktime_get_ns has no preconditions.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+// ---- kernel functions: entry → return, and intervals
+
+#[inline(always)]
+fn kslot_key(slot: u32) -> u64 {
+    (bpf_get_current_pid_tgid() << 32) | slot as u64
+}
+
+#[inline(always)]
+fn kentry(slot: usize) -> u32 {
+    let cfg: KSlot = config(&KSLOTS[slot]);
+    let t = now();
+    if cfg.duration != NO_PROBE {
+        count(cfg.duration, C_EVENTS);
+        let _ = KSTART.insert(&kslot_key(slot as u32), &t, 0);
+    }
+    if cfg.starts < MAX_INTERVALS {
+        let probe = config(&INTERVAL_PROBE)[cfg.starts as usize];
+        count(probe, C_EVENTS);
+        if let Some(p) = INTERVAL_START.get_ptr_mut(cfg.starts) {
+            // SAFETY: `p` points into an array map value; a racing writer on another CPU
+            // stores a timestamp too, and either value is a valid start.
+            unsafe {
+                if *p == 0 {
+                    *p = t;
+                }
+            }
+        }
+    }
+    0
+}
+
+#[inline(always)]
+fn kreturn(slot: usize) -> u32 {
+    let cfg: KSlot = config(&KSLOTS[slot]);
+    let t = now();
+    if cfg.duration != NO_PROBE {
+        let key = kslot_key(slot as u32);
+        // SAFETY: the value is copied out before the entry is removed.
+        match unsafe { KSTART.get(&key) }.copied() {
+            Some(start) => {
+                let _ = KSTART.remove(&key);
+                record(cfg.duration, t.saturating_sub(start));
+            }
+            None => count(cfg.duration, C_UNMATCHED),
+        }
+    }
+    if cfg.ends < MAX_INTERVALS
+        && let Some(p) = INTERVAL_START.get_ptr_mut(cfg.ends)
+    {
+        let probe = config(&INTERVAL_PROBE)[cfg.ends as usize];
+        // SAFETY: as in `kentry`; taking the start and clearing it is one read and one write.
+        let start = unsafe { core::mem::replace(&mut *p, 0) };
+        if start != 0 {
+            record(probe, t.saturating_sub(start));
+        } else {
+            count(probe, C_UNMATCHED);
+        }
+    }
+    0
+}
+
+/// Per slot, a kprobe/kretprobe pair and an fentry/fexit pair (for vmlinux functions where
+/// kprobes are missing); the bodies are the generic functions above. The loader attaches one
+/// pair per slot and names the function at attach (kprobe) or load (fentry) time.
+macro_rules! kslot {
+    ($slot:literal, $entry:ident, $ret:ident, $fentry:ident, $fexit:ident) => {
+        #[kprobe]
+        pub fn $entry(_ctx: ProbeContext) -> u32 {
+            kentry($slot)
+        }
+        #[kretprobe]
+        pub fn $ret(_ctx: RetProbeContext) -> u32 {
+            kreturn($slot)
+        }
+        #[fentry]
+        pub fn $fentry(_ctx: FEntryContext) -> u32 {
+            kentry($slot)
+        }
+        #[fexit]
+        pub fn $fexit(_ctx: FExitContext) -> u32 {
+            kreturn($slot)
+        }
+    };
+}
+
+kslot!(0, kentry_0, kreturn_0, fentry_0, fexit_0);
+kslot!(1, kentry_1, kreturn_1, fentry_1, fexit_1);
+kslot!(2, kentry_2, kreturn_2, fentry_2, fexit_2);
+kslot!(3, kentry_3, kreturn_3, fentry_3, fexit_3);
+kslot!(4, kentry_4, kreturn_4, fentry_4, fexit_4);
+kslot!(5, kentry_5, kreturn_5, fentry_5, fexit_5);
+kslot!(6, kentry_6, kreturn_6, fentry_6, fexit_6);
+kslot!(7, kentry_7, kreturn_7, fentry_7, fexit_7);
+kslot!(8, kentry_8, kreturn_8, fentry_8, fexit_8);
+kslot!(9, kentry_9, kreturn_9, fentry_9, fexit_9);
+kslot!(10, kentry_10, kreturn_10, fentry_10, fexit_10);
+kslot!(11, kentry_11, kreturn_11, fentry_11, fexit_11);
+kslot!(12, kentry_12, kreturn_12, fentry_12, fexit_12);
+kslot!(13, kentry_13, kreturn_13, fentry_13, fexit_13);
+kslot!(14, kentry_14, kreturn_14, fentry_14, fexit_14);
+kslot!(15, kentry_15, kreturn_15, fentry_15, fexit_15);
+
+// ---- softirqs: TP_PROTO(unsigned int vec_nr)
+
+#[inline(always)]
+fn softirq_probe(ctx: &RawTracePointContext) -> Option<(u32, u32)> {
+    let vec: u64 = ctx.arg(0);
+    if vec >= NR_SOFTIRQS as u64 {
         return None;
     }
-    // SAFETY: bpf_ktime_get_ns has no preconditions.
-    Some(unsafe { bpf_ktime_get_ns() }.saturating_sub(start))
-}
-
-#[inline(always)]
-fn store_now(map: &PerCpuArray<u64>, index: u32) {
-    if let Some(p) = map.get_ptr_mut(index) {
-        // SAFETY: as in `bump`; bpf_ktime_get_ns has no preconditions.
-        unsafe { *p = bpf_ktime_get_ns() };
-    }
-}
-
-/// The softirq vector: the tracepoint's only argument, `TP_PROTO(unsigned int vec_nr)`.
-#[inline(always)]
-fn softirq_vec(ctx: &RawTracePointContext) -> Option<u32> {
-    let vec: u64 = ctx.arg(0);
-    (vec < NR_SOFTIRQS as u64).then_some(vec as u32)
+    let probe = config(&SOFTIRQ_PROBE)[vec as usize];
+    (probe != NO_PROBE).then_some((vec as u32, probe))
 }
 
 #[raw_tracepoint(tracepoint = "softirq_entry")]
 pub fn softirq_entry(ctx: RawTracePointContext) -> i32 {
-    if let Some(vec) = softirq_vec(&ctx) {
-        store_now(&SOFTIRQ_START, vec);
+    if let Some((vec, probe)) = softirq_probe(&ctx) {
+        count(probe, C_EVENTS);
+        if let Some(p) = SOFTIRQ_START.get_ptr_mut(vec) {
+            // SAFETY: this CPU's slot of a per-CPU array, see `add`.
+            unsafe { *p = now() };
+        }
     }
     0
 }
 
 #[raw_tracepoint(tracepoint = "softirq_exit")]
 pub fn softirq_exit(ctx: RawTracePointContext) -> i32 {
-    if let Some(vec) = softirq_vec(&ctx)
-        && let Some(ns) = take_elapsed(&SOFTIRQ_START, vec)
+    if let Some((vec, probe)) = softirq_probe(&ctx)
+        && let Some(p) = SOFTIRQ_START.get_ptr_mut(vec)
     {
-        bump(&SOFTIRQ_HIST, softirq_hist_index(vec, log2_slot(ns)));
+        // SAFETY: this CPU's slot of a per-CPU array, see `add`.
+        let start = unsafe { core::mem::replace(&mut *p, 0) };
+        if start != 0 {
+            record(probe, now().saturating_sub(start));
+        } else {
+            count(probe, C_UNMATCHED);
+        }
     }
     0
 }
 
-#[inline(always)]
-fn func_entry(slot: u32) -> u32 {
-    bump(&FUNC_COUNTS, func_counter(slot, FC_ENTRY));
-    store_now(&FUNC_START, slot);
-    0
-}
+// ---- hard IRQs: TP_PROTO(int irq, struct irqaction *action[, int ret])
 
 #[inline(always)]
-fn func_return(slot: u32) -> u32 {
-    bump(&FUNC_COUNTS, func_counter(slot, FC_RETURN));
-    match take_elapsed(&FUNC_START, slot) {
-        Some(ns) => bump(&FUNC_HIST, func_hist_index(slot, log2_slot(ns))),
-        None => bump(&FUNC_COUNTS, func_counter(slot, FC_RETURN_NO_ENTRY)),
+fn irq_probe(ctx: &RawTracePointContext) -> Option<u32> {
+    let irq: u64 = ctx.arg(0);
+    // SAFETY: the value is copied out of the map at once.
+    unsafe { IRQ_PROBE.get(&(irq as u32)) }.copied()
+}
+
+#[raw_tracepoint(tracepoint = "irq_handler_entry")]
+pub fn irq_handler_entry(ctx: RawTracePointContext) -> i32 {
+    if let Some(probe) = irq_probe(&ctx) {
+        count(probe, C_EVENTS);
+        if let Some(p) = IRQ_START.get_ptr_mut(0) {
+            // SAFETY: this CPU's slot of a per-CPU array, see `add`.
+            unsafe { *p = now() };
+        }
     }
     0
 }
 
-/// One kprobe/kretprobe pair per function slot; the slot number is part of the program.
-macro_rules! func_slot {
-    ($slot:literal, $entry:ident, $exit:ident) => {
-        #[kprobe]
-        pub fn $entry(_ctx: ProbeContext) -> u32 {
-            func_entry($slot)
+#[raw_tracepoint(tracepoint = "irq_handler_exit")]
+pub fn irq_handler_exit(ctx: RawTracePointContext) -> i32 {
+    if let Some(probe) = irq_probe(&ctx)
+        && let Some(p) = IRQ_START.get_ptr_mut(0)
+    {
+        // SAFETY: this CPU's slot of a per-CPU array, see `add`.
+        let start = unsafe { core::mem::replace(&mut *p, 0) };
+        if start != 0 {
+            record(probe, now().saturating_sub(start));
+        } else {
+            count(probe, C_UNMATCHED);
         }
-        #[kretprobe]
-        pub fn $exit(_ctx: RetProbeContext) -> u32 {
-            func_return($slot)
-        }
-    };
+    }
+    0
 }
 
-func_slot!(0, func_entry_0, func_return_0);
-func_slot!(1, func_entry_1, func_return_1);
-func_slot!(2, func_entry_2, func_return_2);
-func_slot!(3, func_entry_3, func_return_3);
-func_slot!(4, func_entry_4, func_return_4);
-func_slot!(5, func_entry_5, func_return_5);
-func_slot!(6, func_entry_6, func_return_6);
-func_slot!(7, func_entry_7, func_return_7);
+// ---- NAPI: TP_PROTO(struct napi_struct *napi, int work, int budget)
+
+#[raw_tracepoint(tracepoint = "napi_poll")]
+pub fn napi_poll(ctx: RawTracePointContext) -> i32 {
+    let probe = config(&NAPI_PROBE);
+    if probe != NO_PROBE {
+        count(probe, C_EVENTS);
+        let work: u64 = ctx.arg(1);
+        record(probe, work & 0xFFFF_FFFF);
+    }
+    0
+}
 
 #[cfg(not(test))]
 #[panic_handler]

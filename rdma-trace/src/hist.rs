@@ -1,218 +1,272 @@
-//! Log2 latency histograms as the eBPF side builds them, and what we read off them.
+//! Histograms as the eBPF side builds them (log-linear slots, see `rdma_trace_common::hist_slot`)
+//! and what reports read off them: counts, percentiles, bpftrace-style log2 rows.
 
-use rdma_trace_common::SLOTS;
+use rdma_trace_common::{HIST_SLOTS, slot_bounds};
 use serde::Serialize;
 
-/// A log2 histogram of nanoseconds: bucket `i` counts values in `[2^i, 2^(i+1))`
-/// (bucket 0 also counts 0).
+/// A histogram of `HIST_SLOTS` log-linear slots (4 per power of two).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Log2Hist {
-    buckets: [u64; SLOTS as usize],
+pub struct Histogram {
+    slots: Vec<u64>,
 }
 
-impl Default for Log2Hist {
+impl Default for Histogram {
     fn default() -> Self {
         Self {
-            buckets: [0; SLOTS as usize],
+            slots: vec![0; HIST_SLOTS as usize],
         }
     }
 }
 
-/// One non-empty bucket, for reports.
+/// One row of a report: values in `[lo, hi)`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Bucket {
-    /// Inclusive lower bound, ns.
-    pub lo_ns: u64,
-    /// Exclusive upper bound, ns.
-    pub hi_ns: u64,
+    pub lo: u64,
+    pub hi: u64,
     pub count: u64,
 }
 
-impl Log2Hist {
-    pub fn from_buckets(buckets: [u64; SLOTS as usize]) -> Self {
-        Self { buckets }
-    }
+/// Summary figures; values in the histogram's unit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Summary {
+    pub count: u64,
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+    /// Upper bound of the highest non-empty slot.
+    pub max: Option<u64>,
+}
 
-    /// Bounds of bucket `i`: `[2^i, 2^(i+1))`, with bucket 0 starting at 0.
-    pub fn bounds(i: usize) -> (u64, u64) {
-        let lo = if i == 0 { 0 } else { 1u64 << i };
-        let hi = if i + 1 >= 64 {
-            u64::MAX
-        } else {
-            1u64 << (i + 1)
-        };
-        (lo, hi)
+impl Histogram {
+    /// From the slot counts read off the map (missing slots count 0, extra ones are ignored).
+    pub fn from_slots(mut slots: Vec<u64>) -> Self {
+        slots.resize(HIST_SLOTS as usize, 0);
+        Self { slots }
     }
 
     pub fn count(&self) -> u64 {
-        self.buckets.iter().sum()
+        self.slots.iter().sum()
     }
 
-    /// Upper bound (ns) of the bucket holding quantile `q` (0 < q ≤ 1): the value is below it.
-    /// `None` when the histogram is empty.
-    pub fn quantile_upper_ns(&self, q: f64) -> Option<u64> {
+    /// Quantile `q` (0 < q ≤ 1), interpolated linearly inside the slot that holds it; within
+    /// a slot's width (≤ 25 %) of the exact value.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
         let total = self.count();
         if total == 0 {
             return None;
         }
-        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
-        let mut seen = 0;
-        for (i, &c) in self.buckets.iter().enumerate() {
-            seen += c;
-            if seen >= rank {
-                return Some(Self::bounds(i).1);
+        let rank = (q.clamp(0.0, 1.0) * total as f64).max(1.0);
+        let mut before = 0.0;
+        for (i, &c) in self.slots.iter().enumerate() {
+            if c == 0 {
+                continue;
             }
+            let after = before + c as f64;
+            if after >= rank {
+                let (lo, hi) = slot_bounds(i as u32);
+                let frac = (rank - before) / c as f64;
+                return Some(lo as f64 + (hi.saturating_sub(lo)) as f64 * frac);
+            }
+            before = after;
         }
         None
     }
 
-    /// The non-empty range of buckets, for display and JSON.
-    pub fn buckets(&self) -> Vec<Bucket> {
-        let Some(first) = self.buckets.iter().position(|&c| c != 0) else {
-            return Vec::new();
+    pub fn max(&self) -> Option<u64> {
+        let i = self.slots.iter().rposition(|&c| c != 0)?;
+        Some(slot_bounds(i as u32).1)
+    }
+
+    pub fn summary(&self) -> Summary {
+        Summary {
+            count: self.count(),
+            p50: self.quantile(0.50),
+            p90: self.quantile(0.90),
+            p99: self.quantile(0.99),
+            max: self.max(),
+        }
+    }
+
+    /// The slots merged into power-of-two rows `[2^k, 2^(k+1))` (and `[0, 1)`), from the first
+    /// to the last non-empty row: what bpftrace's `hist()` prints.
+    pub fn log2_rows(&self) -> Vec<Bucket> {
+        let mut rows: Vec<Bucket> = Vec::new();
+        for (i, &c) in self.slots.iter().enumerate() {
+            let (lo, _) = slot_bounds(i as u32);
+            if (4..8).contains(&i) {
+                continue; // never used
+            }
+            let (rlo, rhi) = if lo == 0 { (0, 1) } else { pow2_row(lo) };
+            match rows.last_mut() {
+                Some(last) if last.lo == rlo => last.count += c,
+                _ => rows.push(Bucket {
+                    lo: rlo,
+                    hi: rhi,
+                    count: c,
+                }),
+            }
+        }
+        let first = rows.iter().position(|r| r.count != 0);
+        let last = rows.iter().rposition(|r| r.count != 0);
+        match (first, last) {
+            (Some(f), Some(l)) => rows[f..=l].to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The counts added since `earlier` (a snapshot of the same probe).
+    pub fn subtract(&self, earlier: &Histogram) -> Histogram {
+        Histogram {
+            slots: self
+                .slots
+                .iter()
+                .zip(&earlier.slots)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
+        }
+    }
+}
+
+/// bpftrace-style rows for `rows`, bars scaled to the largest row.
+pub fn render_rows(rows: &[Bucket], width: usize, fmt: fn(u64) -> String) -> String {
+    let max = rows.iter().map(|b| b.count).max().unwrap_or(0);
+    let mut out = String::new();
+    for b in rows {
+        let bar = if max == 0 {
+            0
+        } else {
+            (b.count as u128 * width as u128).div_ceil(max as u128) as usize
         };
-        let last = self.buckets.iter().rposition(|&c| c != 0).unwrap_or(first);
-        (first..=last)
-            .map(|i| {
-                let (lo_ns, hi_ns) = Self::bounds(i);
-                Bucket {
-                    lo_ns,
-                    hi_ns,
-                    count: self.buckets[i],
-                }
-            })
-            .collect()
+        let range = format!("[{}, {})", fmt(b.lo), fmt(b.hi));
+        out.push_str(&format!(
+            "  {range:<22} {:>9} |{:<width$}|\n",
+            b.count,
+            "@".repeat(bar)
+        ));
     }
-
-    /// Text rendering in the style of bcc's `print_log2_hist`, in microseconds when
-    /// the values are large enough.
-    pub fn render(&self, width: usize) -> String {
-        let rows = self.buckets();
-        let max = rows.iter().map(|b| b.count).max().unwrap_or(0);
-        let mut out = String::new();
-        for b in rows {
-            let bar = if max == 0 {
-                0
-            } else {
-                (b.count as u128 * width as u128 / max as u128) as usize
-            };
-            out.push_str(&format!(
-                "{:>12} -> {:<12} : {:<9} |{:<width$}|\n",
-                human_ns(b.lo_ns),
-                human_ns(b.hi_ns),
-                b.count,
-                "*".repeat(bar),
-            ));
-        }
-        out
-    }
+    out
 }
 
-/// `1.5us`, `512ns`, `2.1ms`, `3.0s`.
+fn pow2_row(lo: u64) -> (u64, u64) {
+    let k = 63 - lo.leading_zeros();
+    let start = 1u64 << k;
+    (start, start.saturating_mul(2))
+}
+
+/// `1.5us`, `512ns`, `2.1ms`, `3.0s`, `inf`.
 pub fn human_ns(ns: u64) -> String {
+    human_ns_f(ns as f64).replace(".0", "")
+}
+
+/// Like [`human_ns`] for fractional values, one decimal.
+pub fn human_ns_f(ns: f64) -> String {
     match ns {
-        u64::MAX => "inf".to_owned(),
-        0..1_000 => format!("{ns}ns"),
-        1_000..1_000_000 => format!("{:.1}us", ns as f64 / 1e3),
-        1_000_000..1_000_000_000 => format!("{:.1}ms", ns as f64 / 1e6),
-        _ => format!("{:.1}s", ns as f64 / 1e9),
+        v if v >= u64::MAX as f64 => "inf".to_owned(),
+        v if v < 1e3 => format!("{v:.0}ns"),
+        v if v < 1e6 => format!("{:.1}us", v / 1e3),
+        v if v < 1e9 => format!("{:.1}ms", v / 1e6),
+        v => format!("{:.1}s", v / 1e9),
     }
 }
 
-/// Summary of a histogram for JSON reports.
-#[derive(Debug, Serialize)]
-pub struct HistReport {
-    pub count: u64,
-    /// Upper bound of the bucket holding the median, ns.
-    pub p50_upper_ns: Option<u64>,
-    /// Upper bound of the bucket holding the 99th percentile, ns.
-    pub p99_upper_ns: Option<u64>,
-    pub buckets: Vec<Bucket>,
-}
-
-impl From<&Log2Hist> for HistReport {
-    fn from(h: &Log2Hist) -> Self {
-        Self {
-            count: h.count(),
-            p50_upper_ns: h.quantile_upper_ns(0.5),
-            p99_upper_ns: h.quantile_upper_ns(0.99),
-            buckets: h.buckets(),
-        }
+/// Plain numbers (packets).
+pub fn plain(v: u64) -> String {
+    if v == u64::MAX {
+        "inf".to_owned()
+    } else {
+        v.to_string()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use rdma_trace_common::hist_slot;
+
     use super::*;
 
-    fn hist(pairs: &[(usize, u64)]) -> Log2Hist {
-        let mut b = [0; SLOTS as usize];
-        for &(i, c) in pairs {
-            b[i] = c;
+    fn from_values(values: impl IntoIterator<Item = u64>) -> Histogram {
+        let mut slots = vec![0; HIST_SLOTS as usize];
+        for v in values {
+            slots[hist_slot(v) as usize] += 1;
         }
-        Log2Hist::from_buckets(b)
+        Histogram::from_slots(slots)
     }
 
     #[test]
-    fn empty_histogram_has_no_quantiles_or_rows() {
-        let h = Log2Hist::default();
-        assert_eq!(h.count(), 0);
-        assert_eq!(h.quantile_upper_ns(0.5), None);
-        assert!(h.buckets().is_empty());
-        assert_eq!(h.render(40), "");
+    fn empty_histogram() {
+        let h = Histogram::default();
+        assert_eq!(h.summary(), Summary::default());
+        assert!(h.log2_rows().is_empty());
+        assert_eq!(render_rows(&h.log2_rows(), 10, human_ns), "");
     }
 
     #[test]
-    fn quantiles_pick_the_bucket_holding_the_rank() {
-        // 90 values in [1024, 2048), 9 in [4096, 8192), 1 in [2^20, 2^21).
-        let h = hist(&[(10, 90), (12, 9), (20, 1)]);
-        assert_eq!(h.count(), 100);
-        assert_eq!(h.quantile_upper_ns(0.5), Some(2048));
-        assert_eq!(h.quantile_upper_ns(0.90), Some(2048));
-        assert_eq!(h.quantile_upper_ns(0.91), Some(8192));
-        assert_eq!(h.quantile_upper_ns(0.99), Some(8192));
-        assert_eq!(h.quantile_upper_ns(1.0), Some(1 << 21));
+    fn percentiles_are_within_a_fifth_of_the_truth() {
+        // 1..=100_000 ns uniformly: p50 = 50 000, p90 = 90 000, p99 = 99 000.
+        let h = from_values(1..=100_000);
+        assert_eq!(h.count(), 100_000);
+        for (q, truth) in [(0.5, 50_000.0), (0.9, 90_000.0), (0.99, 99_000.0)] {
+            let got = h.quantile(q).unwrap();
+            assert!((got - truth).abs() / truth < 0.2, "q{q}: {got} vs {truth}");
+        }
+        assert!(h.max().unwrap() >= 100_000);
     }
 
     #[test]
-    fn buckets_span_first_to_last_non_empty() {
-        let h = hist(&[(3, 2), (5, 1)]);
-        let rows = h.buckets();
-        assert_eq!(rows.len(), 3);
+    fn bimodal_values_keep_their_modes() {
+        let h = from_values((0..900).map(|_| 3_000).chain((0..100).map(|_| 3_000_000)));
+        let p50 = h.quantile(0.5).unwrap();
+        assert!((2_400.0..=3_600.0).contains(&p50), "{p50}");
+        let p99 = h.quantile(0.99).unwrap();
+        assert!((2_400_000.0..=3_600_000.0).contains(&p99), "{p99}");
+    }
+
+    #[test]
+    fn log2_rows_merge_sub_buckets_and_span_first_to_last() {
+        let h = from_values([5, 6, 7, 1_000, 1_500, 2_000]);
+        let rows = h.log2_rows();
         assert_eq!(
-            rows[0],
-            Bucket {
-                lo_ns: 8,
-                hi_ns: 16,
+            rows.first().unwrap(),
+            &Bucket {
+                lo: 4,
+                hi: 8,
+                count: 3
+            }
+        );
+        assert_eq!(
+            rows.last().unwrap(),
+            &Bucket {
+                lo: 1024,
+                hi: 2048,
                 count: 2
             }
         );
-        assert_eq!(rows[1].count, 0);
-        assert_eq!(
-            rows[2],
-            Bucket {
-                lo_ns: 32,
-                hi_ns: 64,
-                count: 1
-            }
+        assert_eq!(rows.iter().map(|r| r.count).sum::<u64>(), 6);
+        assert!(
+            rows.windows(2).all(|w| w[0].hi == w[1].lo),
+            "contiguous: {rows:?}"
         );
+        let text = render_rows(&rows, 4, human_ns);
+        assert!(
+            text.lines().next().unwrap().contains("[4ns, 8ns)"),
+            "{text}"
+        );
+        assert!(text.contains("|@@@@|"), "{text}");
     }
 
     #[test]
-    fn render_scales_bars_to_the_largest_bucket() {
-        let text = hist(&[(10, 4), (11, 2)]).render(8);
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 2);
-        assert!(lines[0].ends_with("|********|"), "{text}");
-        assert!(lines[1].ends_with("|****    |"), "{text}");
-        assert!(lines[0].contains("1.0us"), "{text}");
+    fn subtract_gives_the_interval_counts() {
+        let a = from_values([10, 20, 30]);
+        let b = from_values([10, 20, 30, 40, 50]);
+        assert_eq!(b.subtract(&a).count(), 2);
+        assert_eq!(a.subtract(&b).count(), 0, "saturates");
     }
 
     #[test]
-    fn bucket_zero_and_last_bucket_bounds() {
-        assert_eq!(Log2Hist::bounds(0), (0, 2));
-        assert_eq!(Log2Hist::bounds(63), (1 << 63, u64::MAX));
+    fn human_units() {
+        assert_eq!(human_ns(512), "512ns");
+        assert_eq!(human_ns(2_000), "2us");
+        assert_eq!(human_ns_f(2_500_000.0), "2.5ms");
         assert_eq!(human_ns(u64::MAX), "inf");
-        assert_eq!(human_ns(2_500_000), "2.5ms");
     }
 }

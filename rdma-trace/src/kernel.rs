@@ -1,9 +1,11 @@
-//! What the running kernel offers: kprobes, symbols.
+//! What the running kernel offers: kprobes, BTF, symbols, tracepoints, RDMA devices, IRQs.
 //!
-//! Everything is read below a root directory (`/` on a live system), so the decisions are
-//! unit-tested against fixture trees in `tests/fixtures/<kernel>/`.
+//! Everything is read below a root directory (`/` on a live system), so probe selection is
+//! unit-tested against fixture trees in `tests/fixtures/<kernel>/` (an mlx5 host, the rxe guest,
+//! a host without RDMA).
 
 use std::{
+    collections::{HashMap, HashSet},
     fs,
     path::{Path, PathBuf},
 };
@@ -22,6 +24,29 @@ pub struct Symbol {
     pub module: Option<String>,
     /// How many text symbols carry this exact name (kprobes reject ambiguous names since 6.6).
     pub occurrences: usize,
+}
+
+/// An RDMA device from `/sys/class/infiniband`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RdmaDevice {
+    pub name: String,
+    /// Kernel driver of the parent device (`mlx5_core`), when it has one.
+    pub driver: Option<String>,
+    /// Netdev a software device (rxe, siw) runs on.
+    pub parent_netdev: Option<String>,
+}
+
+impl RdmaDevice {
+    /// Soft-RoCE: rxe devices have a parent netdev and no device driver.
+    pub fn is_rxe(&self) -> bool {
+        self.name.starts_with("rxe") || (self.driver.is_none() && self.parent_netdev.is_some())
+    }
+
+    pub fn is_mlx5(&self) -> bool {
+        self.driver
+            .as_deref()
+            .is_some_and(|d| d.starts_with("mlx5"))
+    }
 }
 
 impl Kernel {
@@ -54,46 +79,122 @@ impl Kernel {
             .is_file()
     }
 
-    /// Look a function up in `/proc/kallsyms`.
-    pub fn find_function(&self, name: &str) -> Option<Symbol> {
-        let text = fs::read_to_string(self.path("/proc/kallsyms")).ok()?;
-        find_function_in(&text, name)
+    /// The kernel describes its own types (needed by fentry/fexit).
+    pub fn has_btf(&self) -> bool {
+        self.path("/sys/kernel/btf/vmlinux").is_file()
+    }
+
+    /// Value of a build option from `/boot/config-<release>` (`y`, `m`, or `None` when unset
+    /// or when the file is missing).
+    pub fn config(&self, option: &str) -> Option<String> {
+        let text =
+            fs::read_to_string(self.path(&format!("/boot/config-{}", self.release()?))).ok()?;
+        let prefix = format!("{option}=");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+    }
+
+    /// Look the given functions up in `/proc/kallsyms` (one pass over the file).
+    pub fn functions(&self, names: &[&str]) -> HashMap<String, Symbol> {
+        fs::read_to_string(self.path("/proc/kallsyms"))
+            .map(|text| find_functions_in(&text, names))
+            .unwrap_or_default()
+    }
+
+    /// `category:name` of every tracepoint, when tracefs is mounted (`None` otherwise).
+    pub fn available_events(&self) -> Option<HashSet<String>> {
+        ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .into_iter()
+            .find_map(|dir| {
+                let text = fs::read_to_string(self.path(dir).join("available_events")).ok()?;
+                Some(
+                    text.lines()
+                        .map(|l| l.trim().to_owned())
+                        .filter(|l| !l.is_empty())
+                        .collect(),
+                )
+            })
+    }
+
+    /// RDMA devices and their drivers.
+    pub fn rdma_devices(&self) -> Vec<RdmaDevice> {
+        let class = self.path("/sys/class/infiniband");
+        let Ok(entries) = fs::read_dir(&class) else {
+            return Vec::new();
+        };
+        let mut devices: Vec<RdmaDevice> = entries
+            .filter_map(Result::ok)
+            .map(|e| {
+                let dir = e.path();
+                RdmaDevice {
+                    name: e.file_name().to_string_lossy().into_owned(),
+                    driver: fs::read_link(dir.join("device/driver"))
+                        .ok()
+                        .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned())),
+                    parent_netdev: fs::read_to_string(dir.join("parent"))
+                        .ok()
+                        .map(|s| s.trim().to_owned())
+                        .filter(|s| !s.is_empty()),
+                }
+            })
+            .collect();
+        devices.sort_by(|a, b| a.name.cmp(&b.name));
+        devices
+    }
+
+    /// Hard IRQs from `/proc/interrupts`: (number, action name).
+    pub fn interrupts(&self) -> Vec<(u32, String)> {
+        fs::read_to_string(self.path("/proc/interrupts"))
+            .map(|t| parse_interrupts(&t))
+            .unwrap_or_default()
     }
 }
 
-/// Find text symbol `name` in kallsyms-formatted `text` (`addr type name [module]`).
-pub fn find_function_in(text: &str, name: &str) -> Option<Symbol> {
-    let mut found: Option<Symbol> = None;
+/// Find the text symbols `names` in kallsyms-formatted `text` (`addr type name [module]`).
+pub fn find_functions_in(text: &str, names: &[&str]) -> HashMap<String, Symbol> {
+    let wanted: HashSet<&str> = names.iter().copied().collect();
+    let mut found: HashMap<String, Symbol> = HashMap::new();
     for line in text.lines() {
         let mut it = line.split_whitespace();
         let (Some(_addr), Some(kind), Some(sym)) = (it.next(), it.next(), it.next()) else {
             continue;
         };
-        if sym != name || !matches!(kind, "t" | "T") {
+        if !matches!(kind, "t" | "T") || !wanted.contains(sym) {
             continue;
         }
         let module = it
             .next()
             .map(|m| m.trim_start_matches('[').trim_end_matches(']').to_owned());
-        match &mut found {
-            Some(s) => s.occurrences += 1,
-            None => {
-                found = Some(Symbol {
-                    name: name.to_owned(),
-                    module,
-                    occurrences: 1,
-                })
-            }
-        }
+        found
+            .entry(sym.to_owned())
+            .and_modify(|s| s.occurrences += 1)
+            .or_insert(Symbol {
+                name: sym.to_owned(),
+                module,
+                occurrences: 1,
+            });
     }
     found
+}
+
+/// Numbered lines of `/proc/interrupts`: `  24:  10  20  PCI-MSIX-0000:00:03.0  1-edge  mlx5_comp0@pci:...`.
+/// The action name is the last column.
+pub fn parse_interrupts(text: &str) -> Vec<(u32, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let (num, rest) = line.trim_start().split_once(':')?;
+            let irq = num.trim().parse().ok()?;
+            let name = rest.split_whitespace().last()?;
+            (name.parse::<u64>().is_err()).then(|| (irq, name.to_owned()))
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn fixture(name: &str) -> Kernel {
+    pub fn fixture(name: &str) -> Kernel {
         Kernel::at(
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("tests/fixtures")
@@ -102,24 +203,49 @@ mod tests {
     }
 
     #[test]
-    fn rxe_guest_has_kprobes_tracepoints_and_rdma_functions() {
+    fn rxe_guest() {
         let k = fixture("guest-6.1-rxe");
-        assert!(k.has_kprobes());
-        let s = k
-            .find_function("ib_uverbs_comp_handler")
-            .expect("in kallsyms");
-        assert_eq!(s.module.as_deref(), Some("ib_uverbs"));
-        assert_eq!(s.occurrences, 1);
-        let napi = k.find_function("__napi_poll").expect("vmlinux function");
-        assert_eq!(napi.module, None);
-        assert!(k.release().unwrap().starts_with("6.1."));
+        assert!(k.has_kprobes() && k.has_btf());
+        assert_eq!(k.config("CONFIG_KPROBES").as_deref(), Some("y"));
+        assert_eq!(k.config("CONFIG_RDMA_RXE").as_deref(), Some("m"));
+        let f = k.functions(&["ib_uverbs_comp_handler", "__napi_poll", "mlx5_ib_poll_cq"]);
+        assert_eq!(
+            f["ib_uverbs_comp_handler"].module.as_deref(),
+            Some("ib_uverbs")
+        );
+        assert_eq!(f["__napi_poll"].module, None);
+        assert!(!f.contains_key("mlx5_ib_poll_cq"));
+        let devs = k.rdma_devices();
+        assert_eq!(
+            devs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+            ["rxe0", "rxe1"]
+        );
+        assert!(devs.iter().all(RdmaDevice::is_rxe));
+        assert_eq!(devs[0].parent_netdev.as_deref(), Some("va"));
+        assert!(k.available_events().unwrap().contains("irq:softirq_entry"));
+    }
+
+    #[test]
+    fn mlx5_host() {
+        let k = fixture("host-mlx5");
+        let devs = k.rdma_devices();
+        assert_eq!(devs.len(), 1);
+        assert!(devs[0].is_mlx5() && !devs[0].is_rxe());
+        let irqs = k.interrupts();
+        assert!(
+            irqs.iter().any(|(_, n)| n.starts_with("mlx5_comp0")),
+            "{irqs:?}"
+        );
+        assert!(irqs.iter().all(|(_, n)| n != "Non-maskable"), "{irqs:?}");
     }
 
     #[test]
     fn host_without_rdma_or_kprobes() {
         let k = fixture("host-6.18-no-rdma");
         assert!(!k.has_kprobes());
-        assert_eq!(k.find_function("ib_uverbs_comp_handler"), None);
+        assert!(k.rdma_devices().is_empty());
+        assert!(k.functions(&["ib_uverbs_comp_handler"]).is_empty());
+        assert_eq!(k.available_events(), None, "tracefs not mounted");
     }
 
     #[test]
@@ -131,10 +257,30 @@ ffffffffc0b01000 t dup_fn\t[mod_b]
 ffffffffc0c01000 d data_sym\t[mod_a]
 ffffffffc0c02000 t data_sym.cold\t[mod_a]
 ";
-        let d = find_function_in(text, "dup_fn").unwrap();
-        assert_eq!(d.occurrences, 2);
-        assert_eq!(d.module.as_deref(), Some("mod_a"));
-        assert_eq!(find_function_in(text, "data_sym"), None);
-        assert_eq!(find_function_in(text, "startup_64").unwrap().module, None);
+        let f = find_functions_in(text, &["dup_fn", "data_sym", "startup_64"]);
+        assert_eq!(f["dup_fn"].occurrences, 2);
+        assert_eq!(f["dup_fn"].module.as_deref(), Some("mod_a"));
+        assert!(!f.contains_key("data_sym"));
+        assert_eq!(f["startup_64"].module, None);
+    }
+
+    #[test]
+    fn interrupts_parsing() {
+        let text = "\
+           CPU0       CPU1
+  0:         44          0   IO-APIC   2-edge      timer
+ 24:       1200         30   PCI-MSI 49152-edge      virtio0-input.0
+ 25:          0          0   PCI-MSIX-0000:3b:00.0 1-edge mlx5_comp0@pci:0000:3b:00.0
+NMI:          0          0   Non-maskable interrupts
+";
+        let irqs = parse_interrupts(text);
+        assert_eq!(
+            irqs,
+            [
+                (0, "timer".to_owned()),
+                (24, "virtio0-input.0".to_owned()),
+                (25, "mlx5_comp0@pci:0000:3b:00.0".to_owned())
+            ]
+        );
     }
 }

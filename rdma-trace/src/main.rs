@@ -5,6 +5,10 @@ mod cmd;
 mod error;
 mod hist;
 mod kernel;
+mod plan;
+mod probes;
+mod report;
+mod session;
 
 use std::{process::ExitCode, time::Duration};
 
@@ -20,7 +24,8 @@ use crate::error::{Unsupported, exit};
     after_help = "Exit codes: 0 ok; 1 failure; 2 bad usage; 3 the kernel or privileges lack what a probe \
                   needs (no kprobes, no such function, not root). With a COMMAND, a command that fails \
                   makes rdma-trace exit with its status.\n\n\
-                  Examples:\n  sudo rdma-trace softirqs --duration 5\n  \
+                  Examples:\n  sudo rdma-trace run --mode both --json report.json\n  \
+                  sudo rdma-trace softirqs --duration 5\n  \
                   sudo rdma-trace funclat ib_uverbs_comp_handler -- ibv_rc_pingpong -e -d rxe0 -g 1 10.0.0.2"
 )]
 struct Cli {
@@ -32,8 +37,10 @@ struct Cli {
 enum Cmd {
     /// Time every softirq vector (NET_RX, TASKLET, ...) with the irq:softirq_* tracepoints.
     Softirqs(cmd::softirqs::Args),
-    /// Count and time calls of kernel functions (kprobe + kretprobe).
+    /// Count and time calls of kernel functions (kprobe + kretprobe, or fentry + fexit).
     Funclat(cmd::funclat::Args),
+    /// Run the rdma-demo ping-pong as load and report every probe of the completion path.
+    Run(cmd::run::Args),
 }
 
 /// Parse a positive number of seconds (`2`, `0.5`).
@@ -60,6 +67,7 @@ fn main() -> ExitCode {
         match &cli.cmd {
             Cmd::Softirqs(a) => cmd::softirqs::run(a).await.map(|()| None),
             Cmd::Funclat(a) => cmd::funclat::run(a).await,
+            Cmd::Run(a) => cmd::run::run(a).await,
         }
     });
     match result {

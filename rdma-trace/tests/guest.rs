@@ -9,6 +9,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use serde_json::Value;
+
+const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
+
 /// Index of the RoCE v2 GID of `dev` that maps IPv4 address `ip` (from sysfs).
 fn roce_v2_gid_index(dev: &str, ip: [u8; 4]) -> u32 {
     let want = format!(
@@ -68,9 +72,38 @@ fn net_rx_total() -> u64 {
         .sum()
 }
 
+fn temp_json(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "rdma-trace-guest-{}-{name}.json",
+        std::process::id()
+    ))
+}
+
+fn read_json(path: &PathBuf) -> Value {
+    let v = serde_json::from_slice(&std::fs::read(path).expect("JSON report")).expect("valid JSON");
+    let _ = std::fs::remove_file(path);
+    v
+}
+
+/// Registered kprobes (perf and tracefs ones alike) and tracefs kprobe events.
+fn kprobes_left() -> String {
+    let list = std::fs::read_to_string("/sys/kernel/debug/kprobes/list").unwrap_or_default();
+    let events = std::fs::read_to_string("/sys/kernel/tracing/kprobe_events").unwrap_or_default();
+    list + &events
+}
+
+fn demo_processes() -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+        .filter(|c| c.trim() == "rdma-demo")
+        .collect()
+}
+
 /// `ibv_rc_pingpong` between rxe1 (server) and rxe0 (client), the client under
 /// `rdma-trace funclat ib_uverbs_comp_handler`; returns the report.
-fn pingpong_under_funclat(event: bool, port: u16, iters: u32) -> serde_json::Value {
+fn pingpong_under_funclat(event: bool, port: u16, iters: u32) -> Value {
     let g0 = roce_v2_gid_index("rxe0", [10, 9, 0, 1]).to_string();
     let g1 = roce_v2_gid_index("rxe1", [10, 9, 0, 2]).to_string();
     let port_s = port.to_string();
@@ -83,8 +116,8 @@ fn pingpong_under_funclat(event: bool, port: u16, iters: u32) -> serde_json::Val
         .spawn()
         .expect("start ibv_rc_pingpong server");
     wait_listening(port);
-    let json = std::env::temp_dir().join(format!("funclat-{port}.json"));
-    let mut tracer = Command::new(env!("CARGO_BIN_EXE_rdma-trace"))
+    let json = temp_json(&format!("funclat-{port}"));
+    let mut tracer = Command::new(RDMA_TRACE)
         .args([
             "funclat",
             "ib_uverbs_comp_handler",
@@ -114,50 +147,42 @@ fn pingpong_under_funclat(event: bool, port: u16, iters: u32) -> serde_json::Val
         "rdma-trace funclat (with the client) failed: {traced}"
     );
     assert!(served.success(), "ibv_rc_pingpong server failed: {served}");
-    let report =
-        serde_json::from_slice(&std::fs::read(&json).expect("JSON report")).expect("valid JSON");
-    let _ = std::fs::remove_file(&json);
-    report
+    read_json(&json)
 }
 
-fn comp_handler_calls(report: &serde_json::Value) -> u64 {
+fn comp_handler_calls(report: &Value) -> u64 {
     let f = &report["functions"][0];
     assert_eq!(f["name"], "ib_uverbs_comp_handler");
-    assert_eq!(f["module"], "ib_uverbs");
     assert_eq!(f["attach"], "kprobe");
     assert_eq!(report["window"]["ended_by"], "command");
     assert_eq!(report["window"]["command_status"], 0);
-    f["calls"].as_u64().expect("calls")
+    f["count"].as_u64().expect("count")
 }
 
 #[test]
-fn event_mode_calls_ib_uverbs_comp_handler() {
+fn funclat_event_mode_calls_ib_uverbs_comp_handler() {
     let iters = 500;
     let before = net_rx_total();
     let report = pingpong_under_funclat(true, 18601, iters);
     let net_rx = net_rx_total() - before;
     let calls = comp_handler_calls(&report);
-    // Each side arms its CQ and gets one event per send and per receive completion batch.
-    assert!(
-        calls > 0,
-        "no ib_uverbs_comp_handler calls in event mode: {report}"
-    );
     assert!(
         calls >= u64::from(iters),
-        "only {calls} calls for {iters} event-mode iterations"
+        "only {calls} calls for {iters} event-mode iterations: {report}"
     );
     let f = &report["functions"][0];
-    assert_eq!(f["returns"], f["calls"], "every call returned: {f}");
-    assert_eq!(f["duration"]["count"], f["calls"], "every call timed: {f}");
+    assert_eq!(f["summary"]["count"], f["count"], "every call timed: {f}");
+    assert_eq!(f["unmatched"], 0, "{f}");
     // RoCE between rxe0 and rxe1 crosses the IP stack over the veth pair.
     assert!(
         net_rx >= u64::from(iters),
         "NET_RX rose by {net_rx} only: traffic took rxe's loopback?"
     );
+    assert_eq!(kprobes_left(), "", "kprobes left behind");
 }
 
 #[test]
-fn poll_mode_never_calls_ib_uverbs_comp_handler() {
+fn funclat_poll_mode_never_calls_ib_uverbs_comp_handler() {
     let before = net_rx_total();
     let report = pingpong_under_funclat(false, 18602, 500);
     assert_eq!(
@@ -169,4 +194,152 @@ fn poll_mode_never_calls_ib_uverbs_comp_handler() {
         net_rx_total() - before >= 500,
         "the ping-pong's packets did not cross NET_RX"
     );
+}
+
+fn probe<'a>(phase: &'a Value, name: &str) -> &'a Value {
+    phase["probes"]
+        .as_array()
+        .expect("probes")
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no probe {name} in {phase}"))
+}
+
+fn count(phase: &Value, name: &str) -> u64 {
+    let p = probe(phase, name);
+    assert!(p["attach"].is_string(), "{name} not attached: {p}");
+    p["count"].as_u64().expect("count")
+}
+
+#[test]
+fn run_both_modes_between_rxe0_and_rxe1() {
+    let iters = 200u64;
+    let json = temp_json("run-both");
+    let out = Command::new(RDMA_TRACE)
+        .args([
+            "run",
+            "--mode",
+            "both",
+            "--no-tui",
+            "-i",
+            &iters.to_string(),
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run rdma-trace run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "rdma-trace run failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = read_json(&json);
+    assert_eq!(report["server_device"], "rxe0");
+    assert_eq!(report["client_device"], "rxe1");
+    let (poll, event) = (&report["phases"][0], &report["phases"][1]);
+    assert_eq!(poll["mode"], "poll");
+    assert_eq!(event["mode"], "event");
+    // The defining difference: completion events only in event mode.
+    assert_eq!(count(poll, "ib_uverbs_comp_handler"), 0);
+    let comp = count(event, "ib_uverbs_comp_handler");
+    // 2 sides x (send + receive completion) per iteration, minus coalesced notifications.
+    assert!(
+        (iters..=4 * iters + 8).contains(&comp),
+        "{comp} completion events for {iters} iterations"
+    );
+    assert_eq!(probe(event, "ib_uverbs_comp_handler")["attach"], "kprobe");
+    assert!(count(event, "wakeup") > 0);
+    for phase in [poll, event] {
+        for name in [
+            "softirq NET_RX",
+            "__napi_poll",
+            "napi_poll packets",
+            "rxe_udp_encap_recv",
+            "rxe_rcv",
+            "rxe_cq_post",
+        ] {
+            assert!(
+                count(phase, name) >= iters,
+                "{name} in {}: {}",
+                phase["mode"],
+                probe(phase, name)
+            );
+        }
+        assert_eq!(
+            count(phase, "rxe_poll_cq"),
+            0,
+            "user space polls the mapped CQ"
+        );
+        // Every probe says how it attached or why not.
+        for p in phase["probes"].as_array().unwrap() {
+            assert!(p["attach"].is_string() != p["skipped"].is_string(), "{p}");
+        }
+        assert_eq!(phase["window"]["command_status"], 0);
+        assert!(
+            phase["demo"].is_object(),
+            "the demo's own results are embedded: {phase}"
+        );
+    }
+    assert!(
+        stdout.contains("=== Results ==="),
+        "the demo's results block is shown:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("poll n") && stdout.contains("event n"),
+        "side-by-side table:\n{stdout}"
+    );
+    assert_eq!(kprobes_left(), "", "kprobes left behind after exit");
+    assert!(demo_processes().is_empty(), "rdma-demo left running");
+}
+
+#[test]
+fn run_cleans_up_after_sigterm() {
+    let mut child = Command::new(RDMA_TRACE)
+        .args(["run", "--mode", "event", "--no-tui", "-i", "1000000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rdma-trace run");
+    // Wait until the probes are attached and the demo runs.
+    let start = Instant::now();
+    while !kprobes_left().contains("ib_uverbs_comp_handler") || demo_processes().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "run never attached / started the demo"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "rdma-trace run exited early"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = wait_timeout(&mut child, Duration::from_secs(30));
+    assert!(!status.success(), "interrupted run must exit non-zero");
+    assert_eq!(kprobes_left(), "", "kprobes left behind after SIGTERM");
+    assert!(
+        demo_processes().is_empty(),
+        "rdma-demo left running after SIGTERM"
+    );
+}
+
+#[test]
+fn run_with_unknown_device_names_the_available_ones() {
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui", "-d", "nosuch0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("available: rxe0, rxe1"), "{stderr}");
 }

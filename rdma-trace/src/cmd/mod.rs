@@ -1,38 +1,43 @@
 //! One module per subcommand; shared plumbing here.
 
 pub mod funclat;
+pub mod run;
 pub mod softirqs;
 
 use std::{path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
 use serde::Serialize;
-use tokio::process::Command;
+use tokio::{
+    process::Child,
+    signal::unix::{SignalKind, signal},
+};
 
 /// How a tracing window ended.
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct Window {
     pub seconds: f64,
-    /// Why collection stopped: `duration`, `command`, `interrupted`.
+    /// Why collection stopped: `duration`, `command`, `interrupted` (Ctrl-C), `terminated` (SIGTERM).
     pub ended_by: &'static str,
     /// Exit code of the traced command (a signal gives 128 + signal).
     pub command_status: Option<i32>,
 }
 
-/// Collect until `duration` passes, the command exits, or Ctrl-C — whichever comes first.
-/// Without a command or a duration, only Ctrl-C ends the window.
-pub async fn collect_window(duration: Option<Duration>, command: &[String]) -> Result<Window> {
+impl Window {
+    pub fn interrupted(&self) -> bool {
+        matches!(self.ended_by, "interrupted" | "terminated")
+    }
+}
+
+/// Wait until `duration` passes, `child` exits, Ctrl-C or SIGTERM — whichever comes first.
+/// A child still running at the end is killed (and reaped). Without a child or a duration,
+/// only a signal ends the window.
+pub async fn wait_window(
+    duration: Option<Duration>,
+    mut child: Option<&mut Child>,
+) -> Result<Window> {
     let start = tokio::time::Instant::now();
-    let mut child = match command.split_first() {
-        Some((prog, args)) => Some(
-            Command::new(prog)
-                .args(args)
-                .kill_on_drop(true)
-                .spawn()
-                .with_context(|| format!("could not start the command `{prog}`"))?,
-        ),
-        None => None,
-    };
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
     let sleep = async {
         match duration {
             Some(d) => tokio::time::sleep(d).await,
@@ -40,7 +45,7 @@ pub async fn collect_window(duration: Option<Duration>, command: &[String]) -> R
         }
     };
     let child_exit = async {
-        match child.as_mut() {
+        match child.as_deref_mut() {
             Some(c) => c.wait().await,
             None => std::future::pending().await,
         }
@@ -49,11 +54,11 @@ pub async fn collect_window(duration: Option<Duration>, command: &[String]) -> R
         () = sleep => ("duration", None),
         r = child_exit => ("command", Some(r.context("waiting for the command")?)),
         r = tokio::signal::ctrl_c() => { r.context("listening for Ctrl-C")?; ("interrupted", None) }
+        _ = term.recv() => ("terminated", None),
     };
     if status.is_none()
-        && let Some(c) = child.as_mut()
+        && let Some(c) = child
     {
-        // Stop the command when the window ends before it does; report how it ended.
         let _ = c.start_kill();
         let _ = c.wait().await;
     }
@@ -68,9 +73,13 @@ pub async fn collect_window(duration: Option<Duration>, command: &[String]) -> R
     })
 }
 
-/// Write `report` as pretty JSON to `path`.
+/// Write `report` as pretty JSON to `path` (`-` = stdout).
 pub fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
     let text = serde_json::to_string_pretty(report).context("serializing the report")?;
+    if path == Path::new("-") {
+        println!("{text}");
+        return Ok(());
+    }
     std::fs::write(path, text + "\n")
         .with_context(|| format!("writing the JSON report to {}", path.display()))
 }

@@ -1,0 +1,471 @@
+//! Deciding, per probe of the table, how it can be attached on this kernel — or why not.
+//!
+//! Pure: [`Facts`] are read from a [`Kernel`] (live or fixture), [`plan`] turns the table and the
+//! facts into probe ids, kernel-function slots and the eBPF configuration. The attach step then
+//! tries each planned method in order and records what worked.
+
+use std::collections::{HashMap, HashSet};
+
+use rdma_trace_common::{
+    KSlot, MAX_INTERVALS, MAX_KSLOTS, MAX_PROBES, NO_PROBE, NR_SOFTIRQS, SOFTIRQ_NAMES,
+};
+
+use crate::{
+    kernel::{Kernel, RdmaDevice, Symbol},
+    probes::{Driver, Method, ProbeDef, Shape, glob_match},
+};
+
+/// What the kernel offers, as far as probe selection is concerned.
+#[derive(Clone, Debug, Default)]
+pub struct Facts {
+    pub release: Option<String>,
+    pub kprobes: bool,
+    pub btf: bool,
+    /// `CONFIG_KPROBES` from the kernel's config file, when readable.
+    pub config_kprobes: Option<String>,
+    pub symbols: HashMap<String, Symbol>,
+    /// Tracepoints (`irq:softirq_entry`), when tracefs is mounted.
+    pub events: Option<HashSet<String>>,
+    pub devices: Vec<RdmaDevice>,
+    pub irqs: Vec<(u32, String)>,
+}
+
+impl Facts {
+    /// Read what `probes` need to know from `kernel`.
+    pub fn gather(kernel: &Kernel, probes: &[ProbeDef]) -> Self {
+        let names: Vec<&str> = probes.iter().flat_map(|p| functions_of(&p.shape)).collect();
+        Facts {
+            release: kernel.release(),
+            kprobes: kernel.has_kprobes(),
+            btf: kernel.has_btf(),
+            config_kprobes: kernel.config("CONFIG_KPROBES"),
+            symbols: kernel.functions(&names),
+            events: kernel.available_events(),
+            devices: kernel.rdma_devices(),
+            irqs: kernel.interrupts(),
+        }
+    }
+
+    fn has_driver(&self, driver: Driver) -> bool {
+        match driver {
+            Driver::Network => true,
+            Driver::Generic => !self.devices.is_empty(),
+            Driver::Mlx5 => self.devices.iter().any(RdmaDevice::is_mlx5),
+            Driver::Rxe => self.devices.iter().any(RdmaDevice::is_rxe),
+        }
+    }
+
+    fn why_no_kprobes(&self) -> String {
+        match self.config_kprobes.as_deref() {
+            None if self.release.is_some() => "no kprobes on this kernel (no kprobe PMU in /sys/bus/event_source/devices)".to_owned(),
+            Some("y") => "kprobes are built in but the kprobe PMU is missing (/sys/bus/event_source/devices/kprobe)".to_owned(),
+            _ => "no kprobes on this kernel (CONFIG_KPROBES is not set)".to_owned(),
+        }
+    }
+}
+
+/// Kernel functions a shape attaches to.
+pub fn functions_of(shape: &Shape) -> Vec<&'static str> {
+    match *shape {
+        Shape::Duration { function } => vec![function],
+        Shape::Interval { from, to } => vec![from, to],
+        _ => Vec::new(),
+    }
+}
+
+/// Choices that are the user's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Keep probes of drivers without a device here (their functions must still exist).
+    pub all_drivers: bool,
+}
+
+/// The static decision for one probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Try these methods in order.
+    Try(Vec<Method>),
+    /// Not attachable here, and why.
+    Skip(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct PlannedProbe {
+    pub def: ProbeDef,
+    /// Row in the eBPF maps (meaningful only when not skipped).
+    pub id: u32,
+    pub decision: Decision,
+    /// IRQ numbers (for IRQ probes).
+    pub irqs: Vec<u32>,
+}
+
+/// One kernel function with its program pair.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionSlot {
+    pub function: &'static str,
+    pub methods: Vec<Method>,
+    pub config: KSlot,
+}
+
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub probes: Vec<PlannedProbe>,
+    /// Slot N is attached with programs `kentry_N`/`kreturn_N` (or `fentry_N`/`fexit_N`).
+    pub functions: Vec<FunctionSlot>,
+    pub softirq_probe: [u32; NR_SOFTIRQS as usize],
+    pub napi_probe: u32,
+    pub interval_probe: [u32; MAX_INTERVALS as usize],
+}
+
+impl Plan {
+    /// Slot configuration for the `KSLOTS` global (unused slots stay unused).
+    pub fn kslots(&self) -> [KSlot; MAX_KSLOTS as usize] {
+        let mut k = [KSlot::UNUSED; MAX_KSLOTS as usize];
+        for (i, f) in self.functions.iter().enumerate() {
+            k[i] = f.config;
+        }
+        k
+    }
+
+    pub fn irq_map(&self) -> Vec<(u32, u32)> {
+        self.probes
+            .iter()
+            .filter(|p| matches!(p.decision, Decision::Try(_)))
+            .flat_map(|p| p.irqs.iter().map(move |&irq| (irq, p.id)))
+            .collect()
+    }
+
+    pub fn wants(&self, pred: impl Fn(&Shape) -> bool) -> bool {
+        self.probes
+            .iter()
+            .any(|p| matches!(p.decision, Decision::Try(_)) && pred(&p.def.shape))
+    }
+}
+
+/// Decide every probe of `defs` against `facts`.
+pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
+    let mut plan = Plan {
+        probes: Vec::new(),
+        functions: Vec::new(),
+        softirq_probe: [NO_PROBE; NR_SOFTIRQS as usize],
+        napi_probe: NO_PROBE,
+        interval_probe: [NO_PROBE; MAX_INTERVALS as usize],
+    };
+    let mut intervals = 0u32;
+    for def in defs {
+        let id = plan.probes.len() as u32;
+        let mut irqs = Vec::new();
+        let mut decision = static_decision(def, facts, opts, &mut irqs);
+        if id >= MAX_PROBES {
+            decision = Decision::Skip(format!("more than {MAX_PROBES} probes in one run"));
+        }
+        if let Decision::Try(methods) = &decision {
+            let methods = methods.clone();
+            match def.shape {
+                Shape::Duration { function } => {
+                    match slot_for(&mut plan.functions, function, &methods) {
+                        Some(slot) => plan.functions[slot].config.duration = id,
+                        None => decision = Decision::Skip(out_of_slots()),
+                    }
+                }
+                Shape::Interval { from, to } if intervals < MAX_INTERVALS => {
+                    let (a, b) = (
+                        slot_for(&mut plan.functions, from, &methods),
+                        slot_for(&mut plan.functions, to, &methods),
+                    );
+                    match (a, b) {
+                        (Some(a), Some(b)) => {
+                            plan.functions[a].config.starts = intervals;
+                            plan.functions[b].config.ends = intervals;
+                            plan.interval_probe[intervals as usize] = id;
+                            intervals += 1;
+                        }
+                        _ => decision = Decision::Skip(out_of_slots()),
+                    }
+                }
+                Shape::Interval { .. } => {
+                    decision =
+                        Decision::Skip(format!("more than {MAX_INTERVALS} intervals in one run"))
+                }
+                Shape::Softirq { vector } => plan.softirq_probe[vector as usize] = id,
+                Shape::NapiPoll => plan.napi_probe = id,
+                Shape::Irq { .. } => {}
+            }
+        }
+        plan.probes.push(PlannedProbe {
+            def: *def,
+            id,
+            decision,
+            irqs,
+        });
+    }
+    plan
+}
+
+fn out_of_slots() -> String {
+    format!("more than {MAX_KSLOTS} kernel functions in one run")
+}
+
+/// The slot of `function`, added when new; `None` when the slots are used up.
+fn slot_for(
+    slots: &mut Vec<FunctionSlot>,
+    function: &'static str,
+    methods: &[Method],
+) -> Option<usize> {
+    if let Some(i) = slots.iter().position(|s| s.function == function) {
+        return Some(i);
+    }
+    if slots.len() >= MAX_KSLOTS as usize {
+        return None;
+    }
+    slots.push(FunctionSlot {
+        function,
+        methods: methods.to_vec(),
+        config: KSlot::UNUSED,
+    });
+    Some(slots.len() - 1)
+}
+
+fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<u32>) -> Decision {
+    if !opts.all_drivers && !facts.has_driver(def.driver) {
+        return Decision::Skip(match def.driver {
+            Driver::Generic => "no RDMA device on this machine".to_owned(),
+            Driver::Mlx5 => "no mlx5 device (driver path not in use)".to_owned(),
+            Driver::Rxe => "no Soft-RoCE (rxe) device (driver path not in use)".to_owned(),
+            Driver::Network => unreachable!("the network path is always present"),
+        });
+    }
+    match def.shape {
+        Shape::Duration { .. } | Shape::Interval { .. } => {
+            let mut methods: Vec<Method> = def.methods.to_vec();
+            for f in functions_of(&def.shape) {
+                let Some(sym) = facts.symbols.get(f) else {
+                    return Decision::Skip(format!(
+                        "{f} is not in /proc/kallsyms (module not loaded, or inlined)"
+                    ));
+                };
+                methods.retain(|m| match m {
+                    Method::Kprobe => facts.kprobes,
+                    // fentry here needs vmlinux BTF; aya 0.14 cannot target module BTF.
+                    Method::Fentry => facts.btf && sym.module.is_none(),
+                    Method::RawTracepoint => false,
+                });
+            }
+            if methods.is_empty() {
+                let mut why = facts.why_no_kprobes();
+                if def.methods.contains(&Method::Fentry) && !facts.btf {
+                    why.push_str(", and no BTF for fentry (/sys/kernel/btf/vmlinux)");
+                } else if !def.methods.contains(&Method::Fentry)
+                    || functions_of(&def.shape)
+                        .iter()
+                        .any(|f| facts.symbols[*f].module.is_some())
+                {
+                    why.push_str("; fentry cannot reach module functions");
+                }
+                return Decision::Skip(why);
+            }
+            Decision::Try(methods)
+        }
+        Shape::Softirq { vector } => {
+            tracepoint(facts, def, &["irq:softirq_entry", "irq:softirq_exit"]).unwrap_or_else(
+                || {
+                    debug_assert!(SOFTIRQ_NAMES.get(vector as usize).is_some());
+                    Decision::Try(vec![Method::RawTracepoint])
+                },
+            )
+        }
+        Shape::NapiPoll => tracepoint(facts, def, &["napi:napi_poll"])
+            .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
+        Shape::Irq { patterns } => {
+            if let Some(skip) = tracepoint(
+                facts,
+                def,
+                &["irq:irq_handler_entry", "irq:irq_handler_exit"],
+            ) {
+                return skip;
+            }
+            irqs.extend(
+                facts
+                    .irqs
+                    .iter()
+                    .filter(|(_, name)| patterns.iter().any(|p| glob_match(p, name)))
+                    .map(|&(n, _)| n)
+                    .take(rdma_trace_common::MAX_IRQS as usize),
+            );
+            if irqs.is_empty() {
+                return Decision::Skip(format!(
+                    "no IRQ named {} in /proc/interrupts",
+                    patterns.join(", ")
+                ));
+            }
+            Decision::Try(vec![Method::RawTracepoint])
+        }
+    }
+}
+
+/// `Some(Skip)` when tracefs lists events and one of `events` is missing.
+fn tracepoint(facts: &Facts, _def: &ProbeDef, events: &[&str]) -> Option<Decision> {
+    let known = facts.events.as_ref()?;
+    events
+        .iter()
+        .find(|e| !known.contains(**e))
+        .map(|e| Decision::Skip(format!("tracepoint {e} is not in available_events")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::probes::PROBES;
+
+    fn facts(fixture: &str) -> Facts {
+        let k = Kernel::at(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(fixture),
+        );
+        Facts::gather(&k, PROBES)
+    }
+
+    fn decision<'a>(p: &'a Plan, name: &str) -> &'a Decision {
+        &p.probes
+            .iter()
+            .find(|q| q.def.name == name)
+            .unwrap_or_else(|| panic!("{name}"))
+            .decision
+    }
+
+    fn attaches(p: &Plan, name: &str) -> bool {
+        matches!(decision(p, name), Decision::Try(_))
+    }
+
+    #[test]
+    fn rxe_guest_attaches_generic_rxe_and_network_probes_with_kprobes() {
+        let p = plan(PROBES, &facts("guest-6.1-rxe"), Options::default());
+        for name in [
+            "ib_uverbs_comp_handler",
+            "wakeup",
+            "rxe_cq_post",
+            "rxe_rcv",
+            "rxe_udp_encap_recv",
+            "rxe_requester",
+            "rxe_responder",
+            "rxe_completer",
+            "rxe_poll_cq",
+            "__napi_poll",
+            "softirq NET_RX",
+            "softirq TASKLET",
+            "napi_poll packets",
+        ] {
+            assert!(attaches(&p, name), "{name}: {:?}", decision(&p, name));
+        }
+        assert_eq!(
+            decision(&p, "ib_uverbs_comp_handler"),
+            &Decision::Try(vec![Method::Kprobe])
+        );
+        assert_eq!(
+            decision(&p, "__napi_poll"),
+            &Decision::Try(vec![Method::Kprobe, Method::Fentry])
+        );
+        for name in ["mlx5_ib_poll_cq", "mlx5_eq_comp_int", "irq mlx5_comp"] {
+            assert!(
+                matches!(decision(&p, name), Decision::Skip(why) if why.contains("no mlx5 device")),
+                "{name}"
+            );
+        }
+        // No NIC in the guest: the IRQ probe says which names it looked for.
+        assert!(
+            matches!(decision(&p, "irq nic"), Decision::Skip(why) if why.contains("virtio*-input*"))
+        );
+    }
+
+    #[test]
+    fn comp_handler_slot_feeds_its_duration_and_starts_the_wakeup_interval() {
+        let p = plan(PROBES, &facts("guest-6.1-rxe"), Options::default());
+        let id = |name: &str| p.probes.iter().find(|q| q.def.name == name).unwrap().id;
+        let slot = |f: &str| p.functions.iter().find(|s| s.function == f).unwrap().config;
+        let comp = slot("ib_uverbs_comp_handler");
+        assert_eq!(comp.duration, id("ib_uverbs_comp_handler"));
+        assert_eq!(comp.starts, 0);
+        assert_eq!(comp.ends, NO_PROBE);
+        let read = slot("ib_uverbs_comp_event_read");
+        assert_eq!(
+            (read.duration, read.starts, read.ends),
+            (NO_PROBE, NO_PROBE, 0)
+        );
+        assert_eq!(p.interval_probe[0], id("wakeup"));
+        assert_eq!(p.softirq_probe[3], id("softirq NET_RX"));
+        assert_eq!(p.softirq_probe[6], id("softirq TASKLET"));
+        assert_eq!(p.softirq_probe[0], NO_PROBE);
+        assert_eq!(p.napi_probe, id("napi_poll packets"));
+        // Every function appears once.
+        let names: HashSet<_> = p.functions.iter().map(|f| f.function).collect();
+        assert_eq!(names.len(), p.functions.len());
+    }
+
+    #[test]
+    fn mlx5_host_attaches_mlx5_probes_and_its_completion_irqs() {
+        let p = plan(PROBES, &facts("host-mlx5"), Options::default());
+        for name in [
+            "ib_uverbs_comp_handler",
+            "mlx5_ib_poll_cq",
+            "mlx5_ib_cq_comp",
+            "mlx5_eq_comp_int",
+            "irq mlx5_comp",
+        ] {
+            assert!(attaches(&p, name), "{name}: {:?}", decision(&p, name));
+        }
+        let irq = p
+            .probes
+            .iter()
+            .find(|q| q.def.name == "irq mlx5_comp")
+            .unwrap();
+        assert_eq!(
+            irq.irqs,
+            [121, 122],
+            "mlx5_comp0 and mlx5_comp1, not mlx5_async0"
+        );
+        assert!(matches!(decision(&p, "rxe_cq_post"), Decision::Skip(why) if why.contains("rxe")));
+        assert!(p.irq_map().contains(&(121, irq.id)));
+    }
+
+    #[test]
+    fn host_without_rdma_keeps_only_tracepoints_and_says_why() {
+        let p = plan(PROBES, &facts("host-6.18-no-rdma"), Options::default());
+        assert!(
+            matches!(decision(&p, "ib_uverbs_comp_handler"), Decision::Skip(why) if why.contains("no RDMA device"))
+        );
+        assert!(attaches(&p, "softirq NET_RX"));
+        // __napi_poll is in vmlinux: without kprobes, fentry is the one method left.
+        assert_eq!(
+            decision(&p, "__napi_poll"),
+            &Decision::Try(vec![Method::Fentry])
+        );
+        assert!(
+            attaches(&p, "irq nic"),
+            "virtio input IRQs: {:?}",
+            decision(&p, "irq nic")
+        );
+    }
+
+    #[test]
+    fn all_drivers_still_needs_the_symbols_and_kprobes() {
+        let p = plan(
+            PROBES,
+            &facts("host-6.18-no-rdma"),
+            Options { all_drivers: true },
+        );
+        assert!(
+            matches!(decision(&p, "ib_uverbs_comp_handler"), Decision::Skip(why) if why.contains("kallsyms"))
+        );
+        let mut f = facts("guest-6.1-rxe");
+        f.kprobes = false;
+        let p = plan(PROBES, &f, Options::default());
+        assert!(
+            matches!(decision(&p, "rxe_cq_post"), Decision::Skip(why) if why.contains("kprobe PMU") && why.contains("module")),
+            "{:?}",
+            decision(&p, "rxe_cq_post")
+        );
+    }
+}

@@ -1,0 +1,350 @@
+//! The probe table: every probe rdma-trace knows, in one place, as data.
+//!
+//! A row says what users read (name, what it measures), which driver path it belongs to, its
+//! shape, and how it can be attached, in order of preference. `plan.rs` decides per row against
+//! what the running kernel offers and says why a row is skipped. Adding a probe = adding a row
+//! (and an eBPF mechanism only for a new shape).
+
+use serde::Serialize;
+
+/// Which completion path a probe belongs to; rows of absent drivers are skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Driver {
+    /// Every RDMA driver (ib_core, ib_uverbs).
+    Generic,
+    /// Mellanox/NVIDIA ConnectX (mlx5_core, mlx5_ib).
+    Mlx5,
+    /// Soft-RoCE (rdma_rxe).
+    Rxe,
+    /// The network stack and interrupts under it.
+    Network,
+}
+
+/// What a probe measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Entry → return of a kernel function (ns), per call.
+    Duration { function: &'static str },
+    /// From the entry of `from` to the return of `to` (ns), e.g. wake-up latency.
+    Interval {
+        from: &'static str,
+        to: &'static str,
+    },
+    /// One softirq vector, entry → exit (ns).
+    Softirq { vector: u32 },
+    /// Hard IRQ handlers whose /proc/interrupts name matches one of `patterns` (`*` = any
+    /// text), entry → exit (ns).
+    Irq { patterns: &'static [&'static str] },
+    /// NAPI polls: count, and packets handled per poll.
+    NapiPoll,
+}
+
+/// How a probe point can be attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// kprobe + kretprobe (needs the kprobe PMU; module functions too).
+    Kprobe,
+    /// fentry/fexit on a vmlinux function (BTF trampolines).
+    Fentry,
+    /// Raw tracepoint (no tracefs needed).
+    RawTracepoint,
+}
+
+impl Method {
+    pub fn label(self) -> &'static str {
+        match self {
+            Method::Kprobe => "kprobe",
+            Method::Fentry => "fentry",
+            Method::RawTracepoint => "raw_tp",
+        }
+    }
+}
+
+/// Unit of the values a probe's histogram holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unit {
+    Nanoseconds,
+    Packets,
+}
+
+/// One row of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeDef {
+    /// The name users read in reports.
+    pub name: &'static str,
+    /// What it measures, one line.
+    pub what: &'static str,
+    pub driver: Driver,
+    pub shape: Shape,
+    /// Attach methods in order of preference.
+    pub methods: &'static [Method],
+    /// Shown with the probe when it counts nothing although attached, where that is expected.
+    pub zero_note: Option<&'static str>,
+}
+
+impl ProbeDef {
+    pub fn unit(&self) -> Unit {
+        match self.shape {
+            Shape::NapiPoll => Unit::Packets,
+            _ => Unit::Nanoseconds,
+        }
+    }
+}
+
+const FUNC: &[Method] = &[Method::Kprobe, Method::Fentry];
+const MODULE_FUNC: &[Method] = &[Method::Kprobe];
+const TRACEPOINT: &[Method] = &[Method::RawTracepoint];
+
+/// Every probe, grouped by driver path.
+pub const PROBES: &[ProbeDef] = &[
+    // ---- generic: ib_uverbs delivers completion events to user space
+    ProbeDef {
+        name: "ib_uverbs_comp_handler",
+        what: "a CQ with a completion channel got a completion: queue the event, wake the waiter (event mode)",
+        driver: Driver::Generic,
+        shape: Shape::Duration {
+            function: "ib_uverbs_comp_handler",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some("polling mode takes no completion events: expected 0"),
+    },
+    ProbeDef {
+        name: "wakeup",
+        what: "completion event queued (ib_uverbs_comp_handler) → the waiting thread's read of it returns",
+        driver: Driver::Generic,
+        shape: Shape::Interval {
+            from: "ib_uverbs_comp_handler",
+            to: "ib_uverbs_comp_event_read",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some("nobody blocked on a completion channel (polling mode)"),
+    },
+    // ---- mlx5: hard IRQ → tasklet → mlx5_ib_cq_comp → ib_uverbs_comp_handler
+    ProbeDef {
+        name: "mlx5_eq_comp_int",
+        what: "mlx5 completion EQ interrupt handler",
+        driver: Driver::Mlx5,
+        shape: Shape::Duration {
+            function: "mlx5_eq_comp_int",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+    },
+    ProbeDef {
+        name: "mlx5_ib_cq_comp",
+        what: "mlx5_ib forwards a CQ completion to its consumer's handler",
+        driver: Driver::Mlx5,
+        shape: Shape::Duration {
+            function: "mlx5_ib_cq_comp",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some("only armed CQs (event mode) get completion callbacks"),
+    },
+    ProbeDef {
+        name: "mlx5_ib_poll_cq",
+        what: "kernel-side CQ polling (kernel consumers such as __ib_process_cq)",
+        driver: Driver::Mlx5,
+        shape: Shape::Duration {
+            function: "mlx5_ib_poll_cq",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some(
+            "user space polls mlx5 CQs in rdma-core's provider, without the kernel: expected 0 for the demos",
+        ),
+    },
+    ProbeDef {
+        name: "irq mlx5_comp",
+        what: "hard IRQ handlers of mlx5 completion vectors (mlx5_comp*)",
+        driver: Driver::Mlx5,
+        shape: Shape::Irq {
+            patterns: &["mlx5_comp*"],
+        },
+        methods: TRACEPOINT,
+        zero_note: None,
+    },
+    // ---- rxe: packets arrive through the network stack; responder/completer post CQEs
+    ProbeDef {
+        name: "rxe_udp_encap_recv",
+        what: "a RoCE v2 UDP packet reaches rxe from the IP stack",
+        driver: Driver::Rxe,
+        shape: Shape::Duration {
+            function: "rxe_udp_encap_recv",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some("traffic inside one rxe device loops back without the IP stack"),
+    },
+    ProbeDef {
+        name: "rxe_rcv",
+        what: "rxe validates a received packet and hands it to the responder or completer",
+        driver: Driver::Rxe,
+        shape: Shape::Duration {
+            function: "rxe_rcv",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+    },
+    ProbeDef {
+        name: "rxe_requester",
+        what: "rxe requester task: turns send WQEs into packets",
+        driver: Driver::Rxe,
+        shape: Shape::Duration {
+            function: "rxe_requester",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+    },
+    ProbeDef {
+        name: "rxe_responder",
+        what: "rxe responder task: executes incoming requests (RECV, WRITE, READ, atomics)",
+        driver: Driver::Rxe,
+        shape: Shape::Duration {
+            function: "rxe_responder",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+    },
+    ProbeDef {
+        name: "rxe_completer",
+        what: "rxe completer task: retires acknowledged send WQEs",
+        driver: Driver::Rxe,
+        shape: Shape::Duration {
+            function: "rxe_completer",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+    },
+    ProbeDef {
+        name: "rxe_cq_post",
+        what: "rxe writes a completion into a CQ (and notifies, when armed)",
+        driver: Driver::Rxe,
+        shape: Shape::Duration {
+            function: "rxe_cq_post",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+    },
+    ProbeDef {
+        name: "rxe_poll_cq",
+        what: "kernel-side polling of an rxe CQ (kernel consumers only)",
+        driver: Driver::Rxe,
+        shape: Shape::Duration {
+            function: "rxe_poll_cq",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some(
+            "the rxe provider polls the CQ mapped into user space, without the kernel: expected 0, not a bug",
+        ),
+    },
+    // ---- network and interrupts
+    ProbeDef {
+        name: "__napi_poll",
+        what: "one NAPI poll of a device or the backlog",
+        driver: Driver::Network,
+        shape: Shape::Duration {
+            function: "__napi_poll",
+        },
+        methods: FUNC,
+        zero_note: None,
+    },
+    ProbeDef {
+        name: "napi_poll packets",
+        what: "packets handled per NAPI poll (napi:napi_poll work; budget is usually 64)",
+        driver: Driver::Network,
+        shape: Shape::NapiPoll,
+        methods: TRACEPOINT,
+        zero_note: None,
+    },
+    ProbeDef {
+        name: "softirq NET_RX",
+        what: "NET_RX softirq runs (receive processing, NAPI polls)",
+        driver: Driver::Network,
+        shape: Shape::Softirq { vector: 3 },
+        methods: TRACEPOINT,
+        zero_note: None,
+    },
+    ProbeDef {
+        name: "softirq TASKLET",
+        what: "TASKLET softirq runs (mlx5 completion tasklets, rxe on 6.1)",
+        driver: Driver::Network,
+        shape: Shape::Softirq { vector: 6 },
+        methods: TRACEPOINT,
+        zero_note: None,
+    },
+    ProbeDef {
+        name: "irq nic",
+        what: "hard IRQ handlers of NIC queues (virtio input, mlx5 async/ctrl)",
+        driver: Driver::Network,
+        shape: Shape::Irq {
+            patterns: &["virtio*-input*", "mlx5_async*", "eth*", "ens*", "enp*"],
+        },
+        methods: TRACEPOINT,
+        zero_note: None,
+    },
+];
+
+/// `*` matches any text (also none); everything else matches itself.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, rest)) => {
+            let Some(tail) = text.strip_prefix(head) else {
+                return false;
+            };
+            (0..=tail.len()).any(|i| tail.is_char_boundary(i) && glob_match(rest, &tail[i..]))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob() {
+        assert!(glob_match("mlx5_comp*", "mlx5_comp0@pci:0000:3b:00.0"));
+        assert!(!glob_match("mlx5_comp*", "mlx5_async0@pci:0000:3b:00.0"));
+        assert!(glob_match("virtio*-input*", "virtio4-input.0"));
+        assert!(!glob_match("virtio*-input*", "virtio0-requests"));
+        assert!(glob_match("timer", "timer") && !glob_match("timer", "timers"));
+        assert!(glob_match("*", ""));
+    }
+
+    #[test]
+    fn names_are_unique_and_rows_complete() {
+        for (i, p) in PROBES.iter().enumerate() {
+            assert!(!p.what.is_empty() && !p.methods.is_empty(), "{}", p.name);
+            assert!(
+                PROBES[i + 1..].iter().all(|q| q.name != p.name),
+                "duplicate {}",
+                p.name
+            );
+        }
+    }
+
+    #[test]
+    fn every_driver_path_has_probes_and_the_issue_points_are_there() {
+        for d in [Driver::Generic, Driver::Mlx5, Driver::Rxe, Driver::Network] {
+            assert!(PROBES.iter().any(|p| p.driver == d), "{d:?}");
+        }
+        for name in [
+            "ib_uverbs_comp_handler",
+            "mlx5_ib_poll_cq",
+            "mlx5_ib_cq_comp",
+            "mlx5_eq_comp_int",
+            "rxe_cq_post",
+            "rxe_rcv",
+            "rxe_udp_encap_recv",
+            "rxe_completer",
+            "rxe_responder",
+            "rxe_requester",
+            "__napi_poll",
+            "softirq NET_RX",
+            "softirq TASKLET",
+        ] {
+            assert!(PROBES.iter().any(|p| p.name == name), "{name} missing");
+        }
+    }
+}

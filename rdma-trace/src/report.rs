@@ -1,0 +1,122 @@
+//! Per-probe results: what the text report and the JSON carry.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::{
+    bpf::{Outcome, ProbeData},
+    hist::{Bucket, Summary, human_ns, human_ns_f, plain},
+    probes::{Driver, Unit},
+    session::Session,
+};
+
+#[derive(Debug, Serialize)]
+pub struct ProbeReport {
+    pub name: &'static str,
+    pub what: &'static str,
+    pub driver: Driver,
+    pub unit: Unit,
+    /// `kprobe`, `fentry`, `raw_tp`, or null when skipped.
+    pub attach: Option<&'static str>,
+    pub skipped: Option<String>,
+    /// Events seen (calls, softirq runs, polls, interval starts).
+    pub count: u64,
+    /// Events per second over the window.
+    pub rate: f64,
+    /// Ends without a start (attached mid-call, lost entries).
+    pub unmatched: u64,
+    /// Values recorded (durations, packets per poll) and their percentiles.
+    pub summary: Summary,
+    /// Non-empty power-of-two rows.
+    pub log2: Vec<Bucket>,
+    /// Shown when the count is 0 and that is expected.
+    pub note: Option<&'static str>,
+}
+
+/// Reports for every probe of `session` from `data` collected over `seconds`.
+pub fn probe_reports(
+    session: &Session,
+    data: &HashMap<u32, ProbeData>,
+    seconds: f64,
+) -> Vec<ProbeReport> {
+    session
+        .plan
+        .probes
+        .iter()
+        .zip(&session.outcomes)
+        .map(|(p, o)| {
+            let d = data.get(&p.id).cloned().unwrap_or_default();
+            let count = d.counters[rdma_trace_common::C_EVENTS as usize];
+            ProbeReport {
+                name: p.def.name,
+                what: p.def.what,
+                driver: p.def.driver,
+                unit: p.def.unit(),
+                attach: match o {
+                    Outcome::Attached(m) => Some(m.label()),
+                    Outcome::Skipped(_) => None,
+                },
+                skipped: match o {
+                    Outcome::Skipped(why) => Some(why.clone()),
+                    Outcome::Attached(_) => None,
+                },
+                count,
+                rate: if seconds > 0.0 {
+                    count as f64 / seconds
+                } else {
+                    0.0
+                },
+                unmatched: d.counters[rdma_trace_common::C_UNMATCHED as usize],
+                summary: d.hist.summary(),
+                log2: d.hist.log2_rows(),
+                note: if count == 0 { p.def.zero_note } else { None },
+            }
+        })
+        .collect()
+}
+
+fn fmt_value(unit: Unit, v: Option<f64>) -> String {
+    match (unit, v) {
+        (_, None) => "-".to_owned(),
+        (Unit::Nanoseconds, Some(v)) => human_ns_f(v),
+        (Unit::Packets, Some(v)) => format!("{v:.0}"),
+    }
+}
+
+/// The table and the histograms, as text.
+pub fn render(reports: &[ProbeReport]) -> String {
+    let mut out = format!(
+        "{:<24} {:<7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "probe", "via", "count", "rate/s", "p50", "p90", "p99", "max"
+    );
+    for r in reports {
+        match (&r.skipped, r.attach) {
+            (Some(why), _) => out.push_str(&format!("{:<24} skipped: {why}\n", r.name)),
+            (None, via) => {
+                let max = r.summary.max.map(|m| m as f64);
+                out.push_str(&format!(
+                    "{:<24} {:<7} {:>9} {:>9.1} {:>9} {:>9} {:>9} {:>9}{}\n",
+                    r.name,
+                    via.unwrap_or("-"),
+                    r.count,
+                    r.rate,
+                    fmt_value(r.unit, r.summary.p50),
+                    fmt_value(r.unit, r.summary.p90),
+                    fmt_value(r.unit, r.summary.p99),
+                    fmt_value(r.unit, max),
+                    r.note.map(|n| format!("  ({n})")).unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    for r in reports.iter().filter(|r| !r.log2.is_empty()) {
+        let fmt: fn(u64) -> String = match r.unit {
+            Unit::Nanoseconds => human_ns,
+            Unit::Packets => plain,
+        };
+        let hist = crate::hist::render_rows(&r.log2, 40, fmt);
+        out.push_str(&format!("\n@{} ({}):\n{hist}", r.name, r.what));
+    }
+    out
+}

@@ -1,0 +1,83 @@
+//! A tracing session: facts → plan → load → attach, then snapshots until it is dropped.
+//!
+//! Dropping the session drops the eBPF object, which detaches every program: no probe outlives
+//! the process, whatever path it exits by.
+
+use std::collections::HashMap;
+
+use anyhow::{Result, anyhow};
+
+use crate::{
+    bpf::{Bpf, Outcome, ProbeData},
+    error::Unsupported,
+    kernel::Kernel,
+    plan::{self, Facts, Options, Plan},
+    probes::ProbeDef,
+};
+
+pub struct Session {
+    pub plan: Plan,
+    pub outcomes: Vec<Outcome>,
+    bpf: Bpf,
+}
+
+impl Session {
+    /// Attach every probe of `defs` that this kernel allows. Fails when none attaches.
+    pub fn start(kernel: &Kernel, defs: &[ProbeDef], opts: Options) -> Result<Self> {
+        let facts = Facts::gather(kernel, defs);
+        let plan = plan::plan(defs, &facts, opts);
+        let mut bpf = Bpf::load(&plan)?;
+        let outcomes = bpf.attach(&plan)?;
+        if !outcomes.iter().any(|o| matches!(o, Outcome::Attached(_))) {
+            let reasons: Vec<String> = plan
+                .probes
+                .iter()
+                .zip(&outcomes)
+                .map(|(p, o)| match o {
+                    Outcome::Skipped(why) => format!("{}: {why}", p.def.name),
+                    Outcome::Attached(_) => unreachable!(),
+                })
+                .collect();
+            return Err(anyhow!(Unsupported(format!(
+                "no probe could be attached ({})",
+                reasons.join("; ")
+            ))));
+        }
+        Ok(Self {
+            plan,
+            outcomes,
+            bpf,
+        })
+    }
+
+    /// Ids of the attached probes.
+    pub fn attached_ids(&self) -> Vec<u32> {
+        self.plan
+            .probes
+            .iter()
+            .zip(&self.outcomes)
+            .filter(|(_, o)| matches!(o, Outcome::Attached(_)))
+            .map(|(p, _)| p.id)
+            .collect()
+    }
+
+    /// Current counters and histograms of every attached probe.
+    pub fn snapshot(&self) -> Result<HashMap<u32, ProbeData>> {
+        self.bpf.read(&self.attached_ids())
+    }
+
+    /// The attach table: probe, how, or why not.
+    pub fn attach_table(&self) -> String {
+        let mut out = String::new();
+        for (p, o) in self.plan.probes.iter().zip(&self.outcomes) {
+            let line = match o {
+                Outcome::Attached(m) => {
+                    format!("  {:<24} {:<8} {}\n", p.def.name, m.label(), p.def.what)
+                }
+                Outcome::Skipped(why) => format!("  {:<24} {:<8} {why}\n", p.def.name, "skipped"),
+            };
+            out.push_str(&line);
+        }
+        out
+    }
+}
