@@ -239,6 +239,23 @@ impl Bpf {
         Ok(())
     }
 
+    /// Detach and unload every program, keeping the maps: a read after this is a consistent
+    /// final snapshot (no event lands between reading the counters and the histograms).
+    pub fn detach_all(&mut self) {
+        use aya::programs::Program;
+        for (_, p) in self.ebpf.programs_mut() {
+            let _ = match p {
+                Program::KProbe(p) => p.unload(),
+                Program::UProbe(p) => p.unload(),
+                Program::RawTracePoint(p) => p.unload(),
+                Program::TracePoint(p) => p.unload(),
+                Program::FEntry(p) => p.unload(),
+                Program::FExit(p) => p.unload(),
+                _ => Ok(()),
+            };
+        }
+    }
+
     /// Counters and histograms of probes `ids`, summed over CPUs.
     pub fn read(&self, ids: &[u32]) -> Result<HashMap<u32, ProbeData>> {
         let counts = self.per_cpu("COUNTS")?;

@@ -66,6 +66,12 @@ impl Session {
         self.bpf.read(&self.attached_ids())
     }
 
+    /// Detach every probe and return the final counters and histograms, read consistently.
+    pub fn finish(&mut self) -> Result<HashMap<u32, ProbeData>> {
+        self.bpf.detach_all();
+        self.snapshot()
+    }
+
     /// The attach table: probe, how, or why not.
     pub fn attach_table(&self) -> String {
         let mut out = String::new();

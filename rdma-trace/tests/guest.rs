@@ -243,10 +243,21 @@ fn run_both_modes_between_rxe0_and_rxe1() {
     // The defining difference: completion events only in event mode.
     assert_eq!(count(poll, "ib_uverbs_comp_handler"), 0);
     let comp = count(event, "ib_uverbs_comp_handler");
-    // 2 sides x (send + receive completion) per iteration, minus coalesced notifications.
+    // Every CQ event the demo took (both sides) was queued by one ib_uverbs_comp_handler call.
+    let cq_events: u64 = event["demo"]["reports"]
+        .as_array()
+        .expect("demo reports")
+        .iter()
+        .map(|r| r["cq_events"].as_u64().expect("cq_events"))
+        .sum();
     assert!(
-        (iters..=4 * iters + 8).contains(&comp),
-        "{comp} completion events for {iters} iterations"
+        cq_events >= iters,
+        "{cq_events} CQ events for {iters} iterations"
+    );
+    // kprobes can miss a few hits when another kprobe handler runs on that CPU (nmissed).
+    assert!(
+        comp + cq_events / 100 + 2 >= cq_events && comp <= cq_events + cq_events / 20 + 4,
+        "ib_uverbs_comp_handler ran {comp} times for {cq_events} CQ events taken by the demo"
     );
     assert_eq!(probe(event, "ib_uverbs_comp_handler")["attach"], "kprobe");
     assert!(count(event, "wakeup") > 0);

@@ -66,7 +66,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             }
         })
         .collect();
-    let session = Session::start(&kernel, &defs, Options::default())?;
+    let mut session = Session::start(&kernel, &defs, Options::default())?;
     if let Some(why) = session.outcomes.iter().find_map(|o| match o {
         crate::bpf::Outcome::Skipped(why) => Some(why.clone()),
         crate::bpf::Outcome::Attached(_) => None,
@@ -87,9 +87,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         None => None,
     };
     let window = wait_window(args.duration, child.as_mut()).await?;
-    let data = session.snapshot()?;
+    let data = session.finish()?;
     let functions = probe_reports(&session, &data, window.seconds);
-    drop(session); // detach before printing
     println!("function durations over {:.1} s", window.seconds);
     print!("{}", render(&functions));
     let status = window.command_status;

@@ -49,7 +49,7 @@ fn vector_probes() -> Vec<ProbeDef> {
 
 pub async fn run(args: &Args) -> Result<()> {
     let kernel = Kernel::live();
-    let session = Session::start(&kernel, &vector_probes(), Options::default())?;
+    let mut session = Session::start(&kernel, &vector_probes(), Options::default())?;
     eprintln!(
         "rdma-trace: timing softirqs{}; Ctrl-C to stop",
         args.duration
@@ -57,9 +57,8 @@ pub async fn run(args: &Args) -> Result<()> {
             .unwrap_or_default()
     );
     let window = wait_window(args.duration, None).await?;
-    let data = session.snapshot()?;
+    let data = session.finish()?;
     let vectors = probe_reports(&session, &data, window.seconds);
-    drop(session); // detach before printing
     println!("softirq durations over {:.1} s", window.seconds);
     print!("{}", render(&vectors));
     if let Some(path) = &args.json {
