@@ -193,6 +193,7 @@ pub fn server(
         exchange::send(&mut stream, &ours, opts.timeout)?;
         qps.push(qp);
     }
+    let _phase = crate::phase::data(opts.fault)?;
     let start = Instant::now();
     let mut done = vec![false; n];
     let mut last = region.read_u64(COUNTER as usize);
@@ -327,6 +328,7 @@ pub fn client(
         }
     };
     ep.connect(&qp, psn, &peer)?;
+    let _phase = crate::phase::data(opts.fault)?;
     let id64 = u64::from(id);
 
     let atomic =

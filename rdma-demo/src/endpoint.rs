@@ -37,6 +37,8 @@ pub enum Fault {
     BadRkey,
     /// Use a source GID index that does not exist: the INIT → RTR transition fails.
     BadSgid,
+    /// Send bytes over TCP during the data phase (`rdma-trace verify` must catch it).
+    TcpInData,
 }
 
 /// An opened device and port, ready to create QPs.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory as _, Parser, Subcommand};
 use rdma_demo::completion::Mode;
 use rdma_demo::devices::{self, DevicesError};
 use rdma_demo::endpoint::{EndpointOptions, Fault};
@@ -22,7 +22,7 @@ use rdma_demo::{atomic, pingpong, write_read};
     version,
     about = "RDMA verbs demos (Rust ports of the classic C examples)"
 )]
-#[command(after_help = EXIT_CODES_HELP, propagate_version = true)]
+#[command(after_help = with_exit_codes(EXAMPLES), propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -31,17 +31,60 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// List RDMA devices, their ports and GID tables
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = with_exit_codes(DEVICES_EXAMPLES))]
     Devices(DevicesArgs),
     /// SEND/RECV ping-pong between a server (-s) and a client, like ibv_rc_pingpong
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = with_exit_codes(PINGPONG_EXAMPLES))]
     Pingpong(PingPongArgs),
     /// One-sided RDMA WRITE/READ: the client reads, writes and reads back the server's buffer
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = with_exit_codes(WRITE_READ_EXAMPLES))]
     WriteRead(WriteReadArgs),
     /// Remote atomics: a Fetch-and-Add counter and a Compare-and-Swap lock, N clients at once
-    #[command(after_help = EXIT_CODES_HELP)]
+    #[command(after_help = with_exit_codes(ATOMIC_EXAMPLES))]
     Atomic(AtomicArgs),
+    /// Print a shell completion script to stdout
+    #[command(after_help = "Examples:\n  \
+                            rdma-demo completions bash > /etc/bash_completion.d/rdma-demo\n  \
+                            rdma-demo completions zsh > \"${fpath[1]}/_rdma-demo\"\n  \
+                            rdma-demo completions fish > ~/.config/fish/completions/rdma-demo.fish")]
+    Completions {
+        /// The shell to complete for
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write a man page per subcommand into DIR (what `cargo xtask man` runs)
+    #[command(hide = true)]
+    Man {
+        /// Directory for the pages (created when missing)
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+}
+
+const EXAMPLES: &str = "Examples:
+  rdma-demo devices
+  rdma-demo pingpong --loopback -d rxe1 --server-device rxe0 -i 1000 -S 64
+  rdma-demo pingpong -s -d rxe0            # server; then on the client host:
+  rdma-demo pingpong -d rxe1 10.9.0.1";
+const DEVICES_EXAMPLES: &str = "Examples:
+  rdma-demo devices
+  rdma-demo devices -d rxe0 --json";
+const PINGPONG_EXAMPLES: &str = "Examples:
+  rdma-demo pingpong --loopback -d rxe1 --server-device rxe0 -i 1000 -S 64
+  rdma-demo pingpong -s -d rxe0 --mode event
+  rdma-demo pingpong -d rxe1 --mode event --json pingpong.json 10.9.0.1";
+const WRITE_READ_EXAMPLES: &str = "Examples:
+  rdma-demo write-read --loopback -d rxe1 --server-device rxe0 -S 65536
+  rdma-demo write-read -s -d rxe0
+  rdma-demo write-read -d rxe1 -i 100 10.9.0.1";
+const ATOMIC_EXAMPLES: &str = "Examples:
+  rdma-demo atomic --loopback -d rxe1 --server-device rxe0 --clients 4
+  rdma-demo atomic -s -d rxe0 --clients 2
+  rdma-demo atomic -d rxe1 --clients 2 -i 500 10.9.0.1";
+
+/// `examples`, a blank line, and the exit codes.
+fn with_exit_codes(examples: &str) -> String {
+    format!("{examples}\n\n{EXIT_CODES_HELP}")
 }
 
 #[derive(Debug, Args)]
@@ -178,6 +221,8 @@ fn main() -> ExitCode {
         Command::Pingpong(args) => run_pingpong(&args),
         Command::WriteRead(args) => run_write_read(&args),
         Command::Atomic(args) => run_atomic(&args),
+        Command::Completions { shell } => completions(shell),
+        Command::Man { out } => man_pages(&out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -380,6 +425,40 @@ fn run_atomic(a: &AtomicArgs) -> Result<(), Failure> {
         &reports,
         atomic::Report::render,
     )
+}
+
+fn completions(shell: clap_complete::Shell) -> Result<(), Failure> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "rdma-demo", &mut script);
+    print(&String::from_utf8_lossy(&script))
+}
+
+/// `rdma-demo.1` and `rdma-demo-<subcommand>.1` for every visible subcommand, into `dir`.
+fn man_pages(dir: &std::path::Path) -> Result<(), Failure> {
+    let fail = |what: String| Failure {
+        code: exit::FAILURE,
+        message: what,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| fail(format!("creating {}: {e}", dir.display())))?;
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut pages: Vec<(String, clap::Command)> = cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+        .map(|s| (format!("rdma-demo-{}", s.get_name()), s.clone()))
+        .collect();
+    pages.push(("rdma-demo".to_string(), cmd));
+    for (name, page) in pages {
+        let path = dir.join(format!("{name}.1"));
+        let mut text = Vec::new();
+        // clap wants a 'static name; this runs once per page in a short-lived process.
+        let page = page.name(&*Box::leak(name.into_boxed_str()));
+        clap_mangen::Man::new(page)
+            .render(&mut text)
+            .and_then(|()| std::fs::write(&path, text))
+            .map_err(|e| fail(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok(())
 }
 
 /// Writes to stdout; a closed pipe (`rdma-demo devices | head`) ends quietly.

@@ -228,6 +228,7 @@ pub fn client(
         // The TCP connection closes here, before the data phase.
     };
     side.ep.connect(&side.qp, side.psn, &peer)?;
+    let _phase = crate::phase::data(opts.fault)?;
 
     let mut samples = Vec::with_capacity(p.iterations as usize);
     let start = Instant::now();
@@ -285,6 +286,7 @@ pub fn server(
         exchange::send(&mut stream, &ours, opts.timeout)?;
         theirs
     };
+    let _phase = crate::phase::data(opts.fault)?;
 
     let mut start = None;
     let mut send_outstanding = false;

@@ -181,6 +181,7 @@ pub fn server(
         ep.connect(&qp, psn, &theirs)?;
         exchange::send(&mut stream, &ours, opts.timeout)?;
     }
+    let _phase = crate::phase::data(opts.fault)?;
     let start = Instant::now();
     // The client keeps rewriting the buffer: as long as it changes, the client is alive.
     let mut last = vec![0u8; size.min(64)];
@@ -296,6 +297,7 @@ pub fn client(
         }
     };
     ep.connect(&qp, psn, &peer)?;
+    let _phase = crate::phase::data(opts.fault)?;
 
     let op =
         |comp: &mut Completions, wr_id, sop, off, opcode, what: &str| -> Result<u64, DemoError> {

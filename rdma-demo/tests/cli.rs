@@ -177,3 +177,64 @@ fn server_device_needs_loopback() {
         ["rdma-demo: --server-device needs --loopback (a server alone takes --device)"]
     );
 }
+
+#[test]
+fn completions_name_every_subcommand() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = rdma_demo(&["completions", shell]);
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        for sub in ["devices", "pingpong", "write-read", "atomic", "completions"] {
+            assert!(script.contains(sub), "{shell} script lacks {sub}");
+        }
+    }
+    let out = rdma_demo(&["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn man_writes_a_page_per_subcommand() {
+    let dir = std::env::temp_dir().join(format!("rdma-demo-man-{}", std::process::id()));
+    let out = rdma_demo(&["man", "--out", dir.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut pages: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    pages.sort();
+    assert_eq!(
+        pages,
+        [
+            "rdma-demo-atomic.1",
+            "rdma-demo-completions.1",
+            "rdma-demo-devices.1",
+            "rdma-demo-pingpong.1",
+            "rdma-demo-write-read.1",
+            "rdma-demo.1"
+        ]
+    );
+    let page = std::fs::read_to_string(dir.join("rdma-demo-pingpong.1")).unwrap();
+    assert!(page.contains(".TH") && page.contains("Examples"), "{page}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn every_help_has_examples() {
+    for args in [
+        &["--help"][..],
+        &["devices", "--help"],
+        &["pingpong", "--help"],
+        &["write-read", "--help"],
+        &["atomic", "--help"],
+        &["completions", "--help"],
+    ] {
+        let out = rdma_demo(args);
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("Examples:\n  rdma-demo"), "{args:?}:\n{help}");
+    }
+}

@@ -479,7 +479,8 @@ fn connect_refused_and_accept_timeout() {
 }
 
 fn connect_retrying(port: u16) -> std::net::TcpStream {
-    for _ in 0..100 {
+    // Generous: a debug build starting under TCG on a busy machine can take seconds.
+    for _ in 0..600 {
         if let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
             return s;
         }
@@ -566,6 +567,22 @@ fn mtu_mismatch_fails_both_sides() {
 
 #[test]
 fn peer_dies_mid_run_in_event_mode() {
+    // The client first: it retries connecting, so the server (whose short --timeout also
+    // bounds its accept) connects at once however slowly the guest starts processes.
+    let mut client = spawn(&[
+        "pingpong",
+        "-d",
+        "rxe0",
+        "-e",
+        "-p",
+        "18619",
+        "-i",
+        "1000000",
+        "-S",
+        "64",
+        "127.0.0.1",
+    ]);
+    std::thread::sleep(Duration::from_millis(300));
     let server = spawn(&[
         "pingpong",
         "-s",
@@ -581,21 +598,7 @@ fn peer_dies_mid_run_in_event_mode() {
         "--timeout",
         "2",
     ]);
-    std::thread::sleep(Duration::from_millis(300));
-    let mut client = spawn(&[
-        "pingpong",
-        "-d",
-        "rxe0",
-        "-e",
-        "-p",
-        "18619",
-        "-i",
-        "1000000",
-        "-S",
-        "64",
-        "127.0.0.1",
-    ]);
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(4));
     if client.try_wait().unwrap().is_some() {
         let out = client.wait_with_output().unwrap();
         panic!(
