@@ -1,6 +1,9 @@
 //! Developer and CI tasks for rdma-trace. One file per subcommand.
 
+mod bench;
 mod build_ebpf;
+mod man;
+mod run;
 mod setup;
 mod test;
 mod util;
@@ -25,8 +28,15 @@ enum Cmd {
     BuildEbpf(build_ebpf::Args),
     /// Boot a Debian kernel with two Soft-RoCE devices in QEMU and run a command in it.
     Vm(vm::Args),
+    /// Generate the man pages of rdma-trace and rdma-demo (into target/man).
+    Man(man::Args),
+    /// The main job: build, then `rdma-trace run --mode event` here (RDMA device) or in the guest.
+    Run(run::Args),
     /// Run every test layer: fmt, clippy, unit, host eBPF (root), guest (6.1 and 6.12).
     Test(test::Args),
+    /// Benchmarks in the guest: `demo` (vs the C tools), `trace` (vs bpftrace); both and
+    /// docs/benchmarks.md without a subcommand.
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -35,7 +45,10 @@ fn main() -> ExitCode {
         Cmd::Setup(a) => setup::run(&a).map(|()| 0),
         Cmd::BuildEbpf(a) => build_ebpf::run(&a).map(|_| 0),
         Cmd::Vm(a) => vm::run(&a),
+        Cmd::Run(a) => run::run(&a),
         Cmd::Test(a) => test::run(&a).map(|()| 0),
+        Cmd::Bench(a) => bench::run(&a),
+        Cmd::Man(a) => man::run(&a).map(|_| 0),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

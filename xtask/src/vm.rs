@@ -69,6 +69,9 @@ pub struct Args {
     /// Do not run `cargo build` first.
     #[arg(long)]
     no_build: bool,
+    /// Boot the bench image (the test bed plus bpftrace and bpftool; give it --mem 3072).
+    #[arg(long)]
+    bench_image: bool,
     /// The command to run in the guest (after `--`).
     #[arg(
         trailing_var_arg = true,
@@ -114,6 +117,9 @@ pub struct GuestRun {
     /// No init after this: kill (exit status 126).
     pub boot_timeout: Duration,
     pub mem_mib: u32,
+    /// Use the bench image: the test bed plus bpftrace and bpftool (`packages::BENCH_EXTRA`),
+    /// cached separately. Give it 3 GiB of memory.
+    pub bench: bool,
 }
 
 impl Default for GuestRun {
@@ -125,6 +131,7 @@ impl Default for GuestRun {
             profile: "debug".into(),
             boot_timeout: Duration::from_secs(60),
             mem_mib: 2048,
+            bench: false,
         }
     }
 }
@@ -147,6 +154,7 @@ pub fn run(args: &Args) -> Result<i32> {
         profile: if args.release { "release" } else { "debug" }.into(),
         boot_timeout: Duration::from_secs(args.boot_timeout),
         mem_mib: args.mem,
+        bench: args.bench_image,
     })
 }
 
@@ -159,7 +167,7 @@ pub fn run_in_guest(r: &GuestRun) -> Result<i32> {
     }
     let base = {
         let _lock = CacheLock::acquire(&image::vm_cache())?;
-        image::prepare(r.kernel)?
+        image::prepare(r.kernel, r.bench)?
     };
 
     let root = root();

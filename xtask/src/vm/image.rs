@@ -47,15 +47,35 @@ fn kernel_dir(kernel: Kernel) -> PathBuf {
     vm_cache().join(format!("kernel-{}", kernel.name()))
 }
 
-/// Makes sure the base image of `kernel` is built and current; the caller holds the cache lock.
-pub fn prepare(kernel: Kernel) -> Result<Base> {
+/// The userland packages of an image: the test bed's, plus bpftrace and bpftool for `bench`.
+fn userland_packages(bench: bool) -> Vec<&'static str> {
+    let mut p = packages::USERLAND.to_vec();
+    if bench {
+        for x in packages::BENCH_EXTRA {
+            if !p.contains(x) {
+                p.push(x);
+            }
+        }
+    }
+    p
+}
+
+/// File-name suffix of the bench image's cached files (`base-bench.cpio`, `userland-bench`).
+fn variant(bench: bool) -> &'static str {
+    if bench { "-bench" } else { "" }
+}
+
+/// Makes sure the base image of `kernel` (the bench variant with `bench`) is built and current;
+/// the caller holds the cache lock.
+pub fn prepare(kernel: Kernel, bench: bool) -> Result<Base> {
     let cache = vm_cache();
     let debs = cache.join("debs");
     let kdir = kernel_dir(kernel);
     fs::create_dir_all(&kdir).with_context(|| format!("creating {}", kdir.display()))?;
+    let v = variant(bench);
 
     let kernel_deb = kernel_deb(kernel, &cache, &debs, &kdir)?;
-    let user_debs = userland_debs(&debs)?;
+    let user_debs = userland_debs(&debs, &userland_packages(bench))?;
 
     let mut stamp_input = vec![
         format!("logic {LOGIC_VERSION}"),
@@ -69,23 +89,24 @@ pub fn prepare(kernel: Kernel) -> Result<Base> {
 
     let base = Base {
         kernel: kdir.join("kernel"),
-        cpio: kdir.join("base.cpio"),
+        cpio: kdir.join(format!("base{v}.cpio")),
         libs: HashSet::new(),
         kver: fs::read_to_string(kdir.join("kver")).unwrap_or_default(),
     };
-    let current = fs::read_to_string(kdir.join("base.stamp")).is_ok_and(|s| s == stamp)
+    let current = fs::read_to_string(kdir.join(format!("base{v}.stamp"))).is_ok_and(|s| s == stamp)
         && base.kernel.is_file()
         && base.cpio.is_file();
-    if current && let Ok(libs) = fs::read_to_string(kdir.join("base.libs")) {
+    if current && let Ok(libs) = fs::read_to_string(kdir.join(format!("base{v}.libs"))) {
         return Ok(Base {
             libs: libs.lines().map(str::to_owned).collect(),
             ..base
         });
     }
 
-    let userland = extract_userland(&cache, &user_debs)?;
-    let base = build_base(kernel, &kernel_deb, &userland, &kdir)?;
-    fs::write(kdir.join("base.stamp"), stamp).context("writing the base image stamp")?;
+    let userland = extract_userland(&cache, &user_debs, v)?;
+    let base = build_base(kernel, &kernel_deb, &userland, &kdir, v)?;
+    fs::write(kdir.join(format!("base{v}.stamp")), stamp)
+        .context("writing the base image stamp")?;
     Ok(base)
 }
 
@@ -116,8 +137,8 @@ fn kernel_deb(kernel: Kernel, cache: &Path, debs: &Path, kdir: &Path) -> Result<
 }
 
 /// The userland .debs, downloading the missing ones from the host's lists.
-fn userland_debs(debs: &Path) -> Result<Vec<PathBuf>> {
-    let missing: Vec<&str> = packages::USERLAND
+fn userland_debs(debs: &Path, wanted: &[&str]) -> Result<Vec<PathBuf>> {
+    let missing: Vec<&str> = wanted
         .iter()
         .copied()
         .filter(|p| find_deb(debs, p).is_none())
@@ -129,7 +150,7 @@ fn userland_debs(debs: &Path) -> Result<Vec<PathBuf>> {
         ));
         apt::Apt::system().download(debs, &missing)?;
     }
-    packages::USERLAND
+    wanted
         .iter()
         .map(|p| {
             find_deb(debs, p).with_context(|| format!("{p}_*.deb missing after apt-get download"))
@@ -172,11 +193,12 @@ pub fn stamp_of(lines: &[String]) -> String {
     format!("{h:016x}")
 }
 
-/// The userland packages unpacked (dpkg -x) into `<cache>/userland`, redone when the .debs change.
-fn extract_userland(cache: &Path, debs: &[PathBuf]) -> Result<PathBuf> {
-    let dir = cache.join("userland");
+/// The userland packages unpacked (dpkg -x) into `<cache>/userland<variant>`, redone when the
+/// .debs change.
+fn extract_userland(cache: &Path, debs: &[PathBuf], variant: &str) -> Result<PathBuf> {
+    let dir = cache.join(format!("userland{variant}"));
     let stamp = stamp_of(&debs.iter().map(|d| file_name(d)).collect::<Vec<_>>());
-    let stamp_file = cache.join("userland.stamp");
+    let stamp_file = cache.join(format!("userland{variant}.stamp"));
     if dir.is_dir() && fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp) {
         return Ok(dir);
     }
@@ -207,7 +229,13 @@ fn remove_dir(dir: &Path) -> Result<()> {
 
 /// Builds `<kdir>/base.cpio`, `kernel`, `kver` and `base.libs` from the kernel package and the
 /// unpacked userland. The unpacked kernel is deleted afterwards (only the .deb is kept).
-fn build_base(kernel: Kernel, deb: &Path, userland: &Path, kdir: &Path) -> Result<Base> {
+fn build_base(
+    kernel: Kernel,
+    deb: &Path,
+    userland: &Path,
+    kdir: &Path,
+    variant: &str,
+) -> Result<Base> {
     say(format!(
         "building the base initramfs for kernel {} ({})",
         kernel.name(),
@@ -216,12 +244,12 @@ fn build_base(kernel: Kernel, deb: &Path, userland: &Path, kdir: &Path) -> Resul
     let kroot = kdir.join("unpacked");
     remove_dir(&kroot)?;
     dpkg_extract(deb, &kroot)?;
-    let result = build_base_from(&kroot, userland, kdir);
+    let result = build_base_from(&kroot, userland, kdir, variant);
     remove_dir(&kroot)?;
     result
 }
 
-fn build_base_from(kroot: &Path, userland: &Path, kdir: &Path) -> Result<Base> {
+fn build_base_from(kroot: &Path, userland: &Path, kdir: &Path, variant: &str) -> Result<Base> {
     // The kernel and its configuration.
     let boot = kroot.join("boot");
     let kver = fs::read_dir(&boot)
@@ -318,11 +346,11 @@ fn build_base_from(kroot: &Path, userland: &Path, kdir: &Path) -> Result<Base> {
     );
 
     // Write everything.
-    let tmp = kdir.join("base.cpio.tmp");
+    let tmp = kdir.join(format!("base{variant}.cpio.tmp"));
     tree.write(&tmp)?;
     let base = Base {
         kernel: kdir.join("kernel"),
-        cpio: kdir.join("base.cpio"),
+        cpio: kdir.join(format!("base{variant}.cpio")),
         libs: tree.lib_names(),
         kver: kver.clone(),
     };
@@ -336,7 +364,7 @@ fn build_base_from(kroot: &Path, userland: &Path, kdir: &Path) -> Result<Base> {
     fs::write(kdir.join("kver"), &kver)?;
     let mut libs: Vec<&str> = base.libs.iter().map(String::as_str).collect();
     libs.sort_unstable();
-    fs::write(kdir.join("base.libs"), libs.join("\n"))?;
+    fs::write(kdir.join(format!("base{variant}.libs")), libs.join("\n"))?;
     let size = fs::metadata(&base.cpio).map(|m| m.len()).unwrap_or(0);
     say(format!(
         "base initramfs for {kver}: {} MiB, {} modules",

@@ -85,6 +85,27 @@ pub const USERLAND: &[&str] = &[
     "libssl3",
 ];
 
+/// Added to `USERLAND` in the bench image (`GuestRun::bench`): bpftrace and bpftool for
+/// `cargo xtask bench trace`, with the libraries they link that the test bed lacks.
+pub const BENCH_EXTRA: &[&str] = &[
+    "bpftrace",
+    "bpftool",
+    "libbpfcc",
+    "libdw1",
+    "libclang1-14",
+    "libclang-cpp14",
+    "libllvm14",
+    "libstdc++6",
+    "libffi8",
+    "libedit2",
+    "libz3-4",
+    "libxml2",
+    "libicu72",
+    "liblzma5",
+    "libbz2-1.0",
+    "gcc-12-base",
+];
+
 /// Modules to load (their `depends=` closure is computed on the host). `crc32_generic` is named
 /// explicitly: rdma_rxe needs the crc32 crypto driver and the guest has no modprobe to find it.
 pub const MODULE_ROOTS: &[&str] = &[

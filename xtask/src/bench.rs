@@ -1,0 +1,385 @@
+//! `cargo xtask bench [demo|trace]`: benchmarks in the QEMU guest (not tests).
+//!
+//! Each bench boots ONE 6.1 guest and runs a generated bash script there that alternates the
+//! compared programs for a number of rounds (5) and leaves raw results (the programs' own
+//! output, JSON, `bpftool` snapshots) in `$RESULTS_DIR/bench-<name>/`. The host parses them,
+//! computes medians, min/max and ratios, and prints the table. `cargo xtask bench` runs both
+//! and writes `docs/benchmarks.md` (generated: never edit it by hand).
+//!
+//! - `demo` (`bench/demo.rs`): rdma-demo against the C tools (ibv_rc_pingpong, perftest).
+//! - `trace` (`bench/trace.rs`): the demo alone, under rdma-trace, under bpftrace with an
+//!   equivalent script (`bench/equivalent.bt`), and under bpftrace with empty probe bodies.
+
+mod demo;
+mod trace;
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    build_ebpf,
+    util::{root, run_cmd, say, target_dir},
+    vm,
+};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Which bench (default: both, and write docs/benchmarks.md).
+    #[command(subcommand)]
+    which: Option<Which>,
+    /// Alternating rounds.
+    #[arg(long, global = true, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
+    rounds: u32,
+    /// Do not build first (use the release binaries already in target/release).
+    #[arg(long, global = true)]
+    no_build: bool,
+}
+
+#[derive(clap::Subcommand, Clone, Copy, PartialEq, Eq)]
+enum Which {
+    /// rdma-demo against ibv_rc_pingpong and perftest (ib_send_lat, ib_write_lat, ib_read_lat,
+    /// ib_atomic_lat): median ratios ours / C, target <= 1.02.
+    Demo,
+    /// The demo alone (A), under rdma-trace (B), under bpftrace with bench/equivalent.bt (C)
+    /// and with bench/empty.bt (D): latency ratios, BPF time per run, start-up, loader CPU/RSS.
+    Trace,
+}
+
+/// The generated docs page.
+const DOC: &str = "docs/benchmarks.md";
+
+/// One bench's outcome: the console table and its section of the docs page.
+pub struct Section {
+    pub title: &'static str,
+    pub markdown: String,
+    pub guest_kernel: String,
+}
+
+pub fn run(args: &Args) -> Result<i32> {
+    let started = Instant::now();
+    if !args.no_build {
+        build(args.which != Some(Which::Demo))?;
+    }
+    let which: Vec<Which> = match args.which {
+        Some(w) => vec![w],
+        None => vec![Which::Demo, Which::Trace],
+    };
+    let mut sections = Vec::new();
+    for w in which {
+        let s = match w {
+            Which::Demo => demo::run(args.rounds)?,
+            Which::Trace => trace::run(args.rounds)?,
+        };
+        println!("\n## {}\n\n{}", s.title, s.markdown);
+        sections.push(s);
+    }
+    let elapsed = started.elapsed();
+    let page = page(&sections, args.rounds, elapsed);
+    let dest = if args.which.is_none() {
+        root().join(DOC)
+    } else {
+        let dir = target_dir().join("bench");
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        dir.join("benchmarks.md")
+    };
+    fs::write(&dest, page).with_context(|| format!("writing {}", dest.display()))?;
+    say(format!(
+        "wrote {} ({:.0} s in all)",
+        dest.display(),
+        elapsed.as_secs_f64()
+    ));
+    Ok(0)
+}
+
+/// Release builds of the workspace (and the eBPF object the tracer embeds).
+fn build(with_ebpf: bool) -> Result<()> {
+    if with_ebpf {
+        build_ebpf::run(&build_ebpf::Args { release: true })?;
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    run_cmd(
+        Command::new(cargo)
+            .args(["build", "--release"])
+            .current_dir(root()),
+    )
+}
+
+/// Boots the bench guest once with `script`; fails when the script fails. Returns the results
+/// folder on the host.
+fn run_guest(name: &str, script: &str, timeout: Duration, bench_image: bool) -> Result<PathBuf> {
+    let dir = target_dir()
+        .join("vm-results")
+        .join(format!("bench-{name}"));
+    let _ = fs::remove_dir_all(&dir);
+    let full = format!("{}\n{script}", prelude(name));
+    let code = vm::run_in_guest(&vm::GuestRun {
+        kernel: vm::Kernel::V6_1,
+        timeout,
+        cmd: vec![full],
+        profile: "release".into(),
+        mem_mib: if bench_image { 3072 } else { 2048 },
+        bench: bench_image,
+        ..Default::default()
+    })?;
+    if code != 0 {
+        let log = fs::read_to_string(dir.join("log.txt")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        bail!(
+            "the {name} bench failed in the guest (status {code}); last lines of {}:\n{}",
+            dir.join("log.txt").display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    Ok(dir)
+}
+
+/// Shell helpers every bench script starts with. `$R` is the results folder, `now` prints
+/// microseconds since the epoch, `wait_listen PORT` waits until a TCP port listens,
+/// `wait_mark FILE TEXT PID` until FILE contains TEXT (fails if PID ends first).
+fn prelude(name: &str) -> String {
+    format!(
+        r#"set -u
+R="$RESULTS_DIR/bench-{name}"
+rm -rf "$R"; mkdir -p "$R"
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
+exec > >(tee "$R/log.txt") 2>&1
+G=${{RXE_GID_INDEX:?no RoCE v2 GID on rxe0}}
+uname -r > "$R/uname"
+nproc > "$R/nproc"
+now() {{ echo "${{EPOCHREALTIME/./}}"; }}
+wait_listen() {{
+    local hex i
+    hex=$(printf '%04X' "$1")
+    for i in $(seq 500); do
+        grep -qE ":$hex 0+:0000 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
+        sleep 0.01
+    done
+    echo "port $1 never listened"; return 1
+}}
+wait_mark() {{
+    local l
+    while :; do
+        if [ -f "$1" ]; then
+            while IFS= read -r l; do [[ $l == *"$2"* ]] && return 0; done < "$1"
+        fi
+        kill -0 "$3" 2>/dev/null || return 1
+        sleep 0.02
+    done
+}}
+"#
+    )
+}
+
+/// The page: header (date, machine, method) and each bench's section.
+fn page(sections: &[Section], rounds: u32, elapsed: Duration) -> String {
+    let mut out = String::from(
+        "# Benchmarks\n\n\
+         <!-- Generated by `cargo xtask bench`: do not edit by hand, run it again. -->\n\n",
+    );
+    let kernel = sections
+        .iter()
+        .map(|s| s.guest_kernel.as_str())
+        .find(|k| !k.is_empty())
+        .unwrap_or("?");
+    let _ = writeln!(out, "- date: {}", date());
+    let _ = writeln!(out, "- host: {}", host());
+    let _ = writeln!(
+        out,
+        "- guest: Debian kernel {kernel} in QEMU ({}), 2 vCPUs; two Soft-RoCE devices rxe0 \
+         (veth va, 10.9.0.1) and rxe1 (vb, 10.9.0.2) whose RoCE traffic crosses the IP stack",
+        accel()
+    );
+    let _ = writeln!(
+        out,
+        "- method: one guest boot per bench, {rounds} rounds; in each round every compared \
+         program runs once, in an order reversed every other round so that drift of the \
+         machine hits all of them alike. Each run gives one figure (its median latency unless \
+         the row says otherwise); the tables show the median of the {rounds} figures and their \
+         min/max, and ratios of those medians. Release builds.",
+    );
+    let _ = writeln!(out, "- whole run: {:.0} s\n", elapsed.as_secs_f64());
+    out.push_str(
+        "Figures under TCG emulation are slow and noisy in absolute terms; the ratios, measured \
+         side by side in one boot, are what these tables are for.\n",
+    );
+    for s in sections {
+        let _ = write!(out, "\n## {}\n\n{}", s.title, s.markdown);
+    }
+    out
+}
+
+fn date() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "?".into())
+}
+
+fn host() -> String {
+    let cpu = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_owned())
+        })
+        .unwrap_or_else(|| "?".into());
+    let n = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    format!("{cpu}, {n} CPUs, Linux {kernel}")
+}
+
+fn accel() -> &'static str {
+    if Path::new("/dev/kvm").exists()
+        && fs::read_to_string("/proc/modules")
+            .is_ok_and(|m| m.contains("kvm_intel") || m.contains("kvm_amd"))
+    {
+        "KVM"
+    } else {
+        "TCG, no KVM"
+    }
+}
+
+// ---- statistics
+
+/// Median, min and max of some figures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub n: usize,
+}
+
+/// `None` without figures. The median of an even count is the mean of the middle two.
+pub fn spread(values: &[f64]) -> Option<Spread> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    Some(Spread {
+        median,
+        min: v[0],
+        max: v[n - 1],
+        n,
+    })
+}
+
+/// `a / b` when both exist and b is not 0.
+pub fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b != 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+/// A number for the tables: `-` when missing.
+pub fn num(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
+}
+
+/// The goal column: `met` / `MISSED (goal ...)` / `no data`.
+pub fn verdict(value: Option<f64>, max: f64) -> String {
+    match value {
+        Some(v) if v <= max => format!("met (≤ {max})"),
+        Some(_) => format!("**MISSED** (goal ≤ {max})"),
+        None => "no data".into(),
+    }
+}
+
+/// A markdown table.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut out = format!("| {} |\n", header.join(" | "));
+    let _ = writeln!(
+        out,
+        "|{}",
+        header.iter().map(|_| "---|").collect::<String>()
+    );
+    for r in rows {
+        let _ = writeln!(out, "| {} |", r.join(" | "));
+    }
+    out
+}
+
+/// The first number after `key` on a line of `text` containing `key`.
+pub fn number_after(text: &str, key: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let rest = &l[l.find(key)? + key.len()..];
+        rest.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .find(|w| !w.is_empty())?
+            .parse()
+            .ok()
+    })
+}
+
+/// A JSON file of the results folder (`None` when missing or unreadable).
+pub fn read_json(path: &Path) -> Option<serde_json::Value> {
+    serde_json::from_slice(&fs::read(path).ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_of_odd_even_and_empty() {
+        let s = spread(&[3.0, 1.0, 2.0, 10.0, 4.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max, s.n), (3.0, 1.0, 10.0, 5));
+        assert_eq!(spread(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
+        assert!(spread(&[]).is_none());
+        assert!(spread(&[f64::NAN]).is_none());
+    }
+
+    #[test]
+    fn ratios_and_verdicts() {
+        assert_eq!(ratio(Some(3.0), Some(2.0)), Some(1.5));
+        assert_eq!(ratio(Some(3.0), Some(0.0)), None);
+        assert_eq!(ratio(None, Some(1.0)), None);
+        assert_eq!(verdict(Some(1.01), 1.02), "met (≤ 1.02)");
+        assert!(verdict(Some(1.5), 1.02).contains("MISSED"));
+        assert_eq!(verdict(None, 1.0), "no data");
+        assert_eq!(num(Some(1.234), 2), "1.23");
+        assert_eq!(num(None, 2), "-");
+    }
+
+    #[test]
+    fn numbers_in_text() {
+        let t = "4096000 bytes in 0.55 seconds = 59.4 Mbit/sec\n1000 iters in 0.55 seconds = 551.52 usec/iter\n";
+        assert_eq!(number_after(t, "seconds ="), Some(59.4));
+        assert_eq!(number_after(t, "iters in"), Some(0.55));
+        assert_eq!(number_after(t, "nothing"), None);
+    }
+
+    #[test]
+    fn markdown_table() {
+        let t = table(&["a", "b"], &[vec!["1".into(), "2".into()]]);
+        assert_eq!(t, "| a | b |\n|---|---|\n| 1 | 2 |\n");
+    }
+
+    #[test]
+    fn prelude_is_plain_bash() {
+        let p = prelude("x");
+        assert!(p.contains("R=\"$RESULTS_DIR/bench-x\""));
+        assert!(p.contains("G=${RXE_GID_INDEX:?"));
+        assert!(!p.contains("{{"));
+    }
+}

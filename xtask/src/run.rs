@@ -1,0 +1,143 @@
+//! `cargo xtask run [--kernel K] [--release] [-- ARGS]`: the main job. Builds everything (the
+//! eBPF object, then the workspace), then runs `rdma-trace run --mode event ARGS`:
+//! - natively where this machine has an RDMA device (the live view is on this terminal);
+//! - otherwise in the Soft-RoCE guest (`cargo xtask vm`). The guest's console is a serial line
+//!   that xtask relays line by line, without a keyboard, so there `rdma-trace` shows its text
+//!   view: a block of histograms per interval, then the report. The host terminal's size and
+//!   TERM go along (COLUMNS, LINES, TERM), so the text fits the window.
+
+use std::{path::Path, process::Command, time::Duration};
+
+use anyhow::{Context as _, Result};
+
+use crate::{
+    build_ebpf,
+    util::{root, run_cmd, say, target_dir},
+    vm::{self, GuestRun},
+};
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Exit status: rdma-trace's (see `rdma-trace run --help`), or the \
+                        guest's codes of `cargo xtask vm --help` (124 timeout, 125 no status, \
+                        126 no boot).\n\nExamples:\n  cargo xtask run\n  \
+                        cargo xtask run -- --mode both -i 2000\n  \
+                        cargo xtask run --guest --kernel 6.12 -- --interval 0.5"
+)]
+pub struct Args {
+    /// Guest kernel, when it runs in the guest.
+    #[arg(long, value_enum, default_value = "6.1")]
+    kernel: vm::Kernel,
+    /// Run in the guest even if this machine has RDMA.
+    #[arg(long)]
+    guest: bool,
+    /// Build and run the release profile.
+    #[arg(long)]
+    release: bool,
+    /// Kill the guest after this many seconds.
+    #[arg(long, default_value_t = 900, value_name = "SECS")]
+    timeout: u64,
+    /// Arguments for `rdma-trace run` (after `--`); `--mode event` unless they give a mode.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "ARGS"
+    )]
+    args: Vec<String>,
+}
+
+pub fn run(args: &Args) -> Result<i32> {
+    build_ebpf::run(&build_ebpf::Args {
+        release: args.release,
+    })?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    build.arg("build").current_dir(root());
+    if args.release {
+        build.arg("--release");
+    }
+    run_cmd(&mut build)?;
+
+    let profile = if args.release { "release" } else { "debug" };
+    let mut cmd = vec!["rdma-trace".to_owned(), "run".to_owned()];
+    if !args
+        .args
+        .iter()
+        .any(|a| a == "--mode" || a.starts_with("--mode="))
+    {
+        cmd.extend(["--mode".to_owned(), "event".to_owned()]);
+    }
+    cmd.extend(args.args.iter().cloned());
+
+    let native = !args.guest && host_has_rdma(Path::new("/"));
+    if native {
+        say("this machine has RDMA: running rdma-trace here");
+        let exe = target_dir().join(profile).join("rdma-trace");
+        let status = Command::new(&exe)
+            .args(&cmd[1..])
+            .status()
+            .with_context(|| format!("running {}", exe.display()))?;
+        use std::os::unix::process::ExitStatusExt as _;
+        return Ok(status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)));
+    }
+    say(if args.guest {
+        "running in the Soft-RoCE guest (--guest)"
+    } else {
+        "no RDMA device on this machine: running in the Soft-RoCE guest"
+    });
+    // The guest console has no keyboard and is relayed by lines: the text view.
+    if !cmd.iter().any(|a| a == "--no-tui") {
+        cmd.push("--no-tui".to_owned());
+    }
+    pass_terminal_size();
+    vm::run_in_guest(&GuestRun {
+        kernel: args.kernel,
+        timeout: Duration::from_secs(args.timeout),
+        cmd,
+        profile: profile.into(),
+        ..GuestRun::default()
+    })
+}
+
+/// An RDMA device to run the demos on. (rdma_rxe without a device is not enough: `rdma-trace
+/// run` needs a device pair, which the guest has.)
+fn host_has_rdma(root: &Path) -> bool {
+    std::fs::read_dir(root.join("sys/class/infiniband"))
+        .map(|d| d.count() > 0)
+        .unwrap_or(false)
+}
+
+/// COLUMNS and LINES of the host terminal, for the guest (`vm` passes them through).
+fn pass_terminal_size() {
+    // SAFETY: TIOCGWINSZ writes a winsize into the struct we pass; fd 1 may not be a terminal,
+    // in which case the call fails and we pass nothing.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: see above; `ws` is valid and writable.
+    let ok = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0;
+    if ok && ws.ws_col > 0 && ws.ws_row > 0 {
+        // SAFETY: xtask is single-threaded here; nothing reads the environment concurrently.
+        unsafe {
+            std::env::set_var("COLUMNS", ws.ws_col.to_string());
+            std::env::set_var("LINES", ws.ws_row.to_string());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rdma_detection() {
+        let dir = std::env::temp_dir().join(format!("xtask-run-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!host_has_rdma(&dir), "no sysfs class");
+        std::fs::create_dir_all(dir.join("sys/class/infiniband")).unwrap();
+        assert!(!host_has_rdma(&dir), "empty class");
+        std::fs::create_dir_all(dir.join("sys/class/infiniband/mlx5_0")).unwrap();
+        assert!(host_has_rdma(&dir), "a device");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
