@@ -6,6 +6,10 @@
 //! through read-only globals (`KSLOTS`, `SOFTIRQ_PROBE`, ...), so the programs stay generic.
 #![no_std]
 
+pub mod cq;
+
+pub mod syscalls;
+
 /// Probes one run can attach.
 pub const MAX_PROBES: u32 = 48;
 

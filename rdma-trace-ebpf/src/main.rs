@@ -9,15 +9,22 @@
 //!   (e.g. `ib_uverbs_comp_handler` → the demo's read of the completion event = wake-up latency);
 //! - softirq duration per vector, from the `softirq_entry`/`softirq_exit` raw tracepoints;
 //! - hard IRQ handler duration per IRQ number, from `irq_handler_entry`/`irq_handler_exit`;
-//! - NAPI polls: count, and a histogram of packets handled per poll (`napi_poll`).
+//! - NAPI polls: count, and a histogram of packets handled per poll (`napi_poll`);
+//! - user-space function duration (`uentry`/`ureturn`, uprobes; the probe id is the attach
+//!   cookie), counted only for the processes the loader puts in `TGIDS`.
 //!
 //! No per-event ring buffer: everything is aggregated here.
 #![no_std]
 #![no_main]
 
+mod cq;
+
+mod syscalls;
+
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{fentry, fexit, kprobe, kretprobe, map, raw_tracepoint},
+    EbpfContext as _,
+    helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{fentry, fexit, kprobe, kretprobe, map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray},
     programs::{FEntryContext, FExitContext, ProbeContext, RawTracePointContext, RetProbeContext},
 };
@@ -42,6 +49,10 @@ static NAPI_PROBE: u32 = NO_PROBE;
 #[unsafe(no_mangle)]
 static INTERVAL_PROBE: IntervalProbes = [NO_PROBE; MAX_INTERVALS as usize];
 
+/// 1: user-space probes count only processes in `TGIDS` (the demo's); 0: every process.
+#[unsafe(no_mangle)]
+static FILTER_TGIDS: u32 = 1;
+
 #[inline(always)]
 fn config<T: Copy>(v: &T) -> T {
     // SAFETY: reading a static; volatile so the compiler keeps the load the loader patches.
@@ -59,6 +70,9 @@ static COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_PROBES * NR_
 /// Entry time per (thread id << 32 | kernel-function slot): the thread may sleep and migrate.
 #[map]
 static KSTART: HashMap<u64, u64> = HashMap::with_max_entries(16384, 0);
+/// Processes the user-space probes watch (set by the loader once it has spawned them).
+#[map]
+static TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(64, 0);
 /// Start time of each interval (global: the end usually runs on another CPU and thread).
 #[map]
 static INTERVAL_START: Array<u64> = Array::with_max_entries(MAX_INTERVALS, 0);
@@ -205,6 +219,54 @@ kslot!(12, kentry_12, kreturn_12, fentry_12, fexit_12);
 kslot!(13, kentry_13, kreturn_13, fentry_13, fexit_13);
 kslot!(14, kentry_14, kreturn_14, fentry_14, fexit_14);
 kslot!(15, kentry_15, kreturn_15, fentry_15, fexit_15);
+
+// ---- user-space functions (uprobe/uretprobe): one program pair attached once per probe, the
+// probe id in the attach cookie; only the watched processes count.
+
+/// Key space of user-space entries in KSTART, apart from the kernel-function slots.
+const USER_KEY: u64 = 1 << 31;
+
+#[inline(always)]
+fn watched() -> bool {
+    if config(&FILTER_TGIDS) == 0 {
+        return true;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: only the presence of the key is used.
+    unsafe { TGIDS.get(&tgid) }.is_some()
+}
+
+#[uprobe]
+pub fn uentry(ctx: ProbeContext) -> u32 {
+    if !watched() {
+        return 0;
+    }
+    // SAFETY: the context pointer is the program's own; the helper only reads the link's cookie.
+    let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    count(probe, C_EVENTS);
+    let key = (bpf_get_current_pid_tgid() << 32) | USER_KEY | (probe as u64 & 0xFFFF);
+    let _ = KSTART.insert(&key, &now(), 0);
+    0
+}
+
+#[uretprobe]
+pub fn ureturn(ctx: RetProbeContext) -> u32 {
+    if !watched() {
+        return 0;
+    }
+    // SAFETY: as in `uentry`.
+    let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    let key = (bpf_get_current_pid_tgid() << 32) | USER_KEY | (probe as u64 & 0xFFFF);
+    // SAFETY: the value is copied out before the entry is removed.
+    match unsafe { KSTART.get(&key) }.copied() {
+        Some(start) => {
+            let _ = KSTART.remove(&key);
+            record(probe, now().saturating_sub(start));
+        }
+        None => count(probe, C_UNMATCHED),
+    }
+    0
+}
 
 // ---- softirqs: TP_PROTO(unsigned int vec_nr)
 

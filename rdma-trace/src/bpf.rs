@@ -2,28 +2,41 @@
 //!
 //! Probes stay attached while the [`Bpf`] value lives: dropping it detaches everything.
 
-use std::collections::HashMap;
+use std::{cell::RefCell, collections::HashMap};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
-    programs::{FEntry, FExit, KProbe, RawTracePoint},
+    programs::{
+        FEntry, FExit, KProbe, RawTracePoint, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    },
 };
 use rdma_trace_common::{HIST_SLOTS, MAX_PROBES, NO_PROBE, NR_COUNTERS, counter_index, hist_index};
 
 use crate::{
     error::Unsupported,
     hist::Histogram,
+    overhead::{ProgramStat, RunTimeStats},
     plan::{Decision, Plan},
     probes::{Method, Shape},
 };
 
 /// The eBPF object built by `cargo xtask build-ebpf` (see build.rs).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("RDMA_TRACE_EBPF_OBJECT"));
+pub(crate) static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("RDMA_TRACE_EBPF_OBJECT"));
 
 pub struct Bpf {
     ebpf: Ebpf,
+    /// (program, what it is attached to), in attach order.
+    attached: Vec<(String, String)>,
+    /// BPF run-time statistics stay on while the object lives.
+    stats: RunTimeStats,
+    /// `uentry`/`ureturn` are loaded (once; then attached once per user-space probe).
+    uprobes_loaded: bool,
+    /// Processes the user-space probes count (taken out of the object so that `&self` can
+    /// add the demo's pid while snapshots borrow the session).
+    tgids: RefCell<BpfHashMap<MapData, u32, u8>>,
 }
 
 /// How one probe ended up.
@@ -46,6 +59,7 @@ impl Bpf {
     /// when attached).
     pub fn load(plan: &Plan) -> Result<Self> {
         raise_memlock();
+        let stats = RunTimeStats::enable();
         let kslots = plan.kslots();
         let ebpf = EbpfLoader::new()
             .override_global("KSLOTS", &kslots, true)
@@ -63,7 +77,62 @@ impl Bpf {
                     anyhow!("loading the eBPF object: {text}")
                 }
             })?;
-        Ok(Self { ebpf })
+        let mut ebpf = ebpf;
+        let tgids = ebpf
+            .take_map("TGIDS")
+            .context("map TGIDS is not in the eBPF object")?;
+        let tgids =
+            RefCell::new(BpfHashMap::try_from(tgids).context("map TGIDS is not a hash map")?);
+        Ok(Self {
+            ebpf,
+            attached: Vec::new(),
+            stats,
+            uprobes_loaded: false,
+            tgids,
+        })
+    }
+
+    /// How the BPF run-time statistics were enabled, or why not.
+    pub fn stats_how(&self) -> &str {
+        &self.stats.how
+    }
+
+    /// Run count and run time of every attached program (cumulative since load).
+    pub fn program_stats(&self) -> Vec<ProgramStat> {
+        self.attached
+            .iter()
+            .filter_map(|(name, target)| {
+                let info = self.ebpf.program(name)?.info().ok()?;
+                Some(ProgramStat {
+                    name: name.clone(),
+                    target: target.clone(),
+                    runs: info.run_count(),
+                    run_ns: info.run_time().as_nanos() as u64,
+                })
+            })
+            .collect()
+    }
+
+    /// Attach kprobe program `prog` to kernel function `function` (for `rdma-trace cq`).
+    pub fn attach_kprobe(&mut self, prog: &str, function: &str) -> Result<()> {
+        self.kprobe(prog, function).map(|_| ())
+    }
+
+    /// The loaded object, for commands with maps of their own (ring buffers, stacks).
+    pub fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
+    }
+
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    fn attached_to(&mut self, prog: &str, target: &str) {
+        self.attached.push((prog.to_owned(), target.to_owned()));
+    }
+
+    fn detached(&mut self, prog: &str) {
+        self.attached.retain(|(p, _)| p != prog);
     }
 
     /// Attach what the plan asks for, each kernel function by its first method that works.
@@ -78,7 +147,9 @@ impl Bpf {
                 let r = match method {
                     Method::Kprobe => self.attach_kprobe_pair(slot, f.function),
                     Method::Fentry => self.attach_fentry_pair(slot, f.function, &mut btf),
-                    Method::RawTracepoint => Err(anyhow!("not a tracepoint")),
+                    Method::RawTracepoint | Method::Uprobe => {
+                        Err(anyhow!("not a kernel-function method"))
+                    }
                 };
                 match r {
                     Ok(()) => {
@@ -110,6 +181,19 @@ impl Bpf {
             Err(e) => Outcome::Skipped(format!("{e:#}")),
         });
 
+        let mut user = HashMap::new();
+        for p in &plan.probes {
+            if let (Decision::Try(_), Shape::UserFunction { symbol, .. }, Some(lib)) =
+                (&p.decision, p.def.shape, &p.library)
+            {
+                let o = match self.attach_uprobe_pair(p.id, lib, symbol) {
+                    Ok(()) => Outcome::Attached(Method::Uprobe),
+                    Err(e) => Outcome::Skipped(format!("{e:#}")),
+                };
+                user.insert(p.id, o);
+            }
+        }
+
         let slot_of = |function: &str| plan.functions.iter().position(|f| f.function == function);
         Ok(plan
             .probes
@@ -133,17 +217,75 @@ impl Bpf {
                     Shape::Softirq { .. } => softirq.clone(),
                     Shape::NapiPoll => napi.clone(),
                     Shape::Irq { .. } => irq.clone(),
+                    Shape::UserFunction { .. } => user.get(&p.id).cloned(),
                 };
                 o.unwrap_or_else(|| Outcome::Skipped("not planned".to_owned()))
             })
             .collect())
     }
 
+    /// uprobe + uretprobe on the default version of `symbol` in `library`, cookie = probe id.
+    fn attach_uprobe_pair(
+        &mut self,
+        probe: u32,
+        library: &std::path::Path,
+        symbol: &str,
+    ) -> Result<()> {
+        let offset = crate::elf::function_offset(library, symbol)?;
+        if !self.uprobes_loaded {
+            for prog in ["uentry", "ureturn"] {
+                let p: &mut UProbe = self.program(prog)?;
+                p.load()
+                    .map_err(|e| anyhow!("loading {prog}: {}", chain(&e)))?;
+            }
+            self.uprobes_loaded = true;
+        }
+        let mut links = Vec::new();
+        for prog in ["uentry", "ureturn"] {
+            let p: &mut UProbe = self.program(prog)?;
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                cookie: Some(u64::from(probe)),
+            };
+            match p.attach(point, library, UProbeScope::AllProcesses) {
+                Ok(link) => links.push((prog, link)),
+                Err(e) => {
+                    for (prog, link) in links {
+                        let p: &mut UProbe = self.program(prog)?;
+                        let _ = p.detach(link);
+                    }
+                    return Err(anyhow!(
+                        "attaching {prog} to {symbol} in {}: {}",
+                        library.display(),
+                        chain(&e)
+                    ));
+                }
+            }
+        }
+        // One program pair serves every user-space probe: list it once for the stats.
+        for prog in ["uentry", "ureturn"] {
+            if !self.attached.iter().any(|(p, _)| p == prog) {
+                self.attached_to(prog, &format!("uprobe {symbol}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Count the user-space probes in process `pid` (they ignore every other process).
+    pub fn watch_pid(&self, pid: u32) -> Result<()> {
+        self.tgids
+            .borrow_mut()
+            .insert(pid, 1, 0)
+            .map_err(|e| anyhow!("watching pid {pid}: {}", chain(&e)))
+    }
+
     fn attach_kprobe_pair(&mut self, slot: usize, function: &str) -> Result<()> {
         let entry = self.kprobe(&format!("kentry_{slot}"), function)?;
         if let Err(e) = self.kprobe(&format!("kreturn_{slot}"), function) {
-            let p: &mut KProbe = self.program(&format!("kentry_{slot}"))?;
+            let name = format!("kentry_{slot}");
+            let p: &mut KProbe = self.program(&name)?;
             let _ = p.detach(entry);
+            self.detached(&name);
             return Err(e);
         }
         Ok(())
@@ -157,8 +299,11 @@ impl Bpf {
         let p: &mut KProbe = self.program(prog)?;
         p.load()
             .map_err(|e| anyhow!("loading {prog}: {}", chain(&e)))?;
-        p.attach(function, 0)
-            .map_err(|e| anyhow!("attaching {prog} to {function}: {}", chain(&e)))
+        let link = p
+            .attach(function, 0)
+            .map_err(|e| anyhow!("attaching {prog} to {function}: {}", chain(&e)))?;
+        self.attached_to(prog, function);
+        Ok(link)
     }
 
     fn attach_fentry_pair(
@@ -179,6 +324,7 @@ impl Bpf {
         let link = p
             .attach()
             .map_err(|e| anyhow!("attaching {entry}: {}", chain(&e)))?;
+        self.attached_to(&entry, function);
         let exit = format!("fexit_{slot}");
         let r = (|| -> Result<()> {
             let p: &mut FExit = self.program(&exit)?;
@@ -186,11 +332,13 @@ impl Bpf {
                 .map_err(|e| anyhow!("loading {exit} for {function}: {}", chain(&e)))?;
             p.attach()
                 .map_err(|e| anyhow!("attaching {exit}: {}", chain(&e)))?;
+            self.attached_to(&exit, function);
             Ok(())
         })();
         if r.is_err() {
             let p: &mut FEntry = self.program(&entry)?;
             let _ = p.detach(link);
+            self.detached(&entry);
         }
         r
     }
@@ -211,6 +359,7 @@ impl Bpf {
             .map_err(|e| anyhow!("loading {prog}: {}", chain(&e)))?;
         p.attach(name)
             .map_err(|e| anyhow!("attaching {prog} to raw tracepoint {name}: {}", chain(&e)))?;
+        self.attached_to(prog, &format!("raw_tp {name}"));
         Ok(())
     }
 
@@ -243,16 +392,24 @@ impl Bpf {
     /// final snapshot (no event lands between reading the counters and the histograms).
     pub fn detach_all(&mut self) {
         use aya::programs::Program;
-        for (_, p) in self.ebpf.programs_mut() {
-            let _ = match p {
-                Program::KProbe(p) => p.unload(),
-                Program::UProbe(p) => p.unload(),
-                Program::RawTracePoint(p) => p.unload(),
-                Program::TracePoint(p) => p.unload(),
-                Program::FEntry(p) => p.unload(),
-                Program::FExit(p) => p.unload(),
-                _ => Ok(()),
-            };
+        // Entry programs first: an end seen without its start only counts as unmatched, while
+        // a start whose end program is already gone would look like a call still running.
+        let is_end = |name: &str| ["return", "exit", "fexit"].iter().any(|e| name.contains(e));
+        for ends in [false, true] {
+            for (name, p) in self.ebpf.programs_mut() {
+                if is_end(name) != ends {
+                    continue;
+                }
+                let _ = match p {
+                    Program::KProbe(p) => p.unload(),
+                    Program::UProbe(p) => p.unload(),
+                    Program::RawTracePoint(p) => p.unload(),
+                    Program::TracePoint(p) => p.unload(),
+                    Program::FEntry(p) => p.unload(),
+                    Program::FExit(p) => p.unload(),
+                    _ => Ok(()),
+                };
+            }
         }
     }
 
@@ -283,6 +440,21 @@ impl Bpf {
             out.insert(id, data);
         }
         Ok(out)
+    }
+
+    /// Events (C_EVENTS) of probes `ids`, per CPU (index = CPU number).
+    pub fn events_per_cpu(&self, ids: &[u32]) -> Result<HashMap<u32, Vec<u64>>> {
+        let counts = self.per_cpu("COUNTS")?;
+        ids.iter()
+            .filter(|&&id| id < MAX_PROBES)
+            .map(|&id| {
+                let i = counter_index(id, rdma_trace_common::C_EVENTS);
+                let v = counts
+                    .get(&i, 0)
+                    .map_err(|e| anyhow!("reading map index {i}: {}", chain(&e)))?;
+                Ok((id, v.iter().copied().collect()))
+            })
+            .collect()
     }
 
     fn per_cpu(&self, name: &str) -> Result<PerCpuArray<&MapData, u64>> {

@@ -10,4 +10,6 @@ pub mod exit {
     pub const OK: u8 = 0;
     pub const FAILURE: u8 = 1;
     pub const UNSUPPORTED: u8 = 3;
+    /// `verify`: the data phase touched a socket.
+    pub const SOCKET_IN_DATA_PHASE: u8 = 4;
 }

@@ -44,6 +44,11 @@ impl Histogram {
         Self { slots }
     }
 
+    /// Counts per slot (`HIST_SLOTS` of them; see `rdma_trace_common::slot_bounds`).
+    pub fn slots(&self) -> &[u64] {
+        &self.slots
+    }
+
     pub fn count(&self) -> u64 {
         self.slots.iter().sum()
     }

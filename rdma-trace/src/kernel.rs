@@ -142,6 +142,22 @@ impl Kernel {
         devices
     }
 
+    /// Path of shared library `name` (`libibverbs.so.1`) in the usual library directories.
+    pub fn find_library(&self, name: &str) -> Option<PathBuf> {
+        [
+            "/usr/lib/x86_64-linux-gnu",
+            "/lib/x86_64-linux-gnu",
+            "/usr/lib/aarch64-linux-gnu",
+            "/usr/lib64",
+            "/lib64",
+            "/usr/lib",
+            "/lib",
+        ]
+        .into_iter()
+        .map(|dir| self.path(dir).join(name))
+        .find(|p| p.is_file())
+    }
+
     /// Hard IRQs from `/proc/interrupts`: (number, action name).
     pub fn interrupts(&self) -> Vec<(u32, String)> {
         fs::read_to_string(self.path("/proc/interrupts"))

@@ -4,7 +4,10 @@
 //! facts into probe ids, kernel-function slots and the eBPF configuration. The attach step then
 //! tries each planned method in order and records what worked.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+};
 
 use rdma_trace_common::{
     KSlot, MAX_INTERVALS, MAX_KSLOTS, MAX_PROBES, NO_PROBE, NR_SOFTIRQS, SOFTIRQ_NAMES,
@@ -28,6 +31,8 @@ pub struct Facts {
     pub events: Option<HashSet<String>>,
     pub devices: Vec<RdmaDevice>,
     pub irqs: Vec<(u32, String)>,
+    /// Shared libraries the user-space probes need, where found.
+    pub libraries: HashMap<String, PathBuf>,
 }
 
 impl Facts {
@@ -43,6 +48,15 @@ impl Facts {
             events: kernel.available_events(),
             devices: kernel.rdma_devices(),
             irqs: kernel.interrupts(),
+            libraries: probes
+                .iter()
+                .filter_map(|p| match p.shape {
+                    Shape::UserFunction { library, .. } => kernel
+                        .find_library(library)
+                        .map(|path| (library.to_owned(), path)),
+                    _ => None,
+                })
+                .collect(),
         }
     }
 
@@ -78,6 +92,8 @@ pub fn functions_of(shape: &Shape) -> Vec<&'static str> {
 pub struct Options {
     /// Keep probes of drivers without a device here (their functions must still exist).
     pub all_drivers: bool,
+    /// Attach the user-space probes (uprobes cost a trap per call).
+    pub uprobes: bool,
 }
 
 /// The static decision for one probe.
@@ -97,6 +113,8 @@ pub struct PlannedProbe {
     pub decision: Decision,
     /// IRQ numbers (for IRQ probes).
     pub irqs: Vec<u32>,
+    /// The shared library (for user-space probes).
+    pub library: Option<PathBuf>,
 }
 
 /// One kernel function with its program pair.
@@ -189,14 +207,19 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
                 }
                 Shape::Softirq { vector } => plan.softirq_probe[vector as usize] = id,
                 Shape::NapiPoll => plan.napi_probe = id,
-                Shape::Irq { .. } => {}
+                Shape::Irq { .. } | Shape::UserFunction { .. } => {}
             }
         }
+        let library = match def.shape {
+            Shape::UserFunction { library, .. } => facts.libraries.get(library).cloned(),
+            _ => None,
+        };
         plan.probes.push(PlannedProbe {
             def: *def,
             id,
             decision,
             irqs,
+            library,
         });
     }
     plan
@@ -248,7 +271,7 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
                     Method::Kprobe => facts.kprobes,
                     // fentry here needs vmlinux BTF; aya 0.14 cannot target module BTF.
                     Method::Fentry => facts.btf && sym.module.is_none(),
-                    Method::RawTracepoint => false,
+                    Method::RawTracepoint | Method::Uprobe => false,
                 });
             }
             if methods.is_empty() {
@@ -276,6 +299,18 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
         }
         Shape::NapiPoll => tracepoint(facts, def, &["napi:napi_poll"])
             .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
+        Shape::UserFunction { library, .. } => {
+            if !opts.uprobes {
+                Decision::Skip(
+                    "opt-in (--uprobes): a uprobe traps on every call, which slows event-mode round trips"
+                        .to_owned(),
+                )
+            } else if !facts.libraries.contains_key(library) {
+                Decision::Skip(format!("{library} not found in the library directories"))
+            } else {
+                Decision::Try(vec![Method::Uprobe])
+            }
+        }
         Shape::Irq { patterns } => {
             if let Some(skip) = tracepoint(
                 facts,
@@ -450,11 +485,40 @@ mod tests {
     }
 
     #[test]
+    fn uprobes_are_opt_in_and_need_the_library() {
+        let mut f = facts("guest-6.1-rxe");
+        let p = plan(PROBES, &f, Options::default());
+        assert!(
+            matches!(decision(&p, "ibv_get_cq_event"), Decision::Skip(why) if why.contains("--uprobes"))
+        );
+        let opts = Options {
+            uprobes: true,
+            ..Options::default()
+        };
+        let p = plan(PROBES, &f, opts);
+        assert!(
+            matches!(decision(&p, "ibv_get_cq_event"), Decision::Skip(why) if why.contains("libibverbs.so.1 not found"))
+        );
+        f.libraries.insert(
+            "libibverbs.so.1".into(),
+            "/usr/lib/x86_64-linux-gnu/libibverbs.so.1".into(),
+        );
+        let p = plan(PROBES, &f, opts);
+        assert_eq!(
+            decision(&p, "ibv_get_cq_event"),
+            &Decision::Try(vec![Method::Uprobe])
+        );
+    }
+
+    #[test]
     fn all_drivers_still_needs_the_symbols_and_kprobes() {
         let p = plan(
             PROBES,
             &facts("host-6.18-no-rdma"),
-            Options { all_drivers: true },
+            Options {
+                all_drivers: true,
+                ..Options::default()
+            },
         );
         assert!(
             matches!(decision(&p, "ib_uverbs_comp_handler"), Decision::Skip(why) if why.contains("kallsyms"))

@@ -38,6 +38,11 @@ pub enum Shape {
     Irq { patterns: &'static [&'static str] },
     /// NAPI polls: count, and packets handled per poll.
     NapiPoll,
+    /// Entry → return of a function in a shared library, in the watched processes (ns).
+    UserFunction {
+        library: &'static str,
+        symbol: &'static str,
+    },
 }
 
 /// How a probe point can be attached.
@@ -50,6 +55,8 @@ pub enum Method {
     Fentry,
     /// Raw tracepoint (no tracefs needed).
     RawTracepoint,
+    /// uprobe + uretprobe on a user-space function (a trap per call: opt-in).
+    Uprobe,
 }
 
 impl Method {
@@ -58,6 +65,7 @@ impl Method {
             Method::Kprobe => "kprobe",
             Method::Fentry => "fentry",
             Method::RawTracepoint => "raw_tp",
+            Method::Uprobe => "uprobe",
         }
     }
 }
@@ -110,6 +118,17 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: MODULE_FUNC,
         zero_note: Some("polling mode takes no completion events: expected 0"),
+    },
+    ProbeDef {
+        name: "ibv_get_cq_event",
+        what: "the demo blocked in ibv_get_cq_event until a completion event arrived (uprobe, opt-in)",
+        driver: Driver::Generic,
+        shape: Shape::UserFunction {
+            library: "libibverbs.so.1",
+            symbol: "ibv_get_cq_event",
+        },
+        methods: &[Method::Uprobe],
+        zero_note: Some("polling mode never waits on the completion channel"),
     },
     ProbeDef {
         name: "wakeup",

@@ -61,6 +61,11 @@ impl Session {
             .collect()
     }
 
+    /// Let the user-space probes count process `pid` (e.g. the demo, once spawned).
+    pub fn watch_pid(&self, pid: u32) -> Result<()> {
+        self.bpf.watch_pid(pid)
+    }
+
     /// Current counters and histograms of every attached probe.
     pub fn snapshot(&self) -> Result<HashMap<u32, ProbeData>> {
         self.bpf.read(&self.attached_ids())
@@ -70,6 +75,16 @@ impl Session {
     pub fn finish(&mut self) -> Result<HashMap<u32, ProbeData>> {
         self.bpf.detach_all();
         self.snapshot()
+    }
+
+    /// Run count and time of every attached eBPF program, and how run-time stats were enabled.
+    pub fn program_stats(&self) -> (Vec<crate::overhead::ProgramStat>, &str) {
+        (self.bpf.program_stats(), self.bpf.stats_how())
+    }
+
+    /// Events of every attached probe, per CPU.
+    pub fn events_per_cpu(&self) -> Result<HashMap<u32, Vec<u64>>> {
+        self.bpf.events_per_cpu(&self.attached_ids())
     }
 
     /// The attach table: probe, how, or why not.

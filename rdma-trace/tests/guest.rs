@@ -96,8 +96,16 @@ fn demo_processes() -> Vec<String> {
     std::fs::read_dir("/proc")
         .expect("/proc")
         .filter_map(Result::ok)
+        // A zombie (killed, not yet reaped by the guest's init) runs nothing: not counted.
+        .filter(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            !stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'))
+        })
         .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
-        .filter(|c| c.trim() == "rdma-demo")
+        // Demo threads rename themselves rdma-demo:data / rdma-demo:done (phase markers).
+        .filter(|c| c.trim().starts_with("rdma-demo"))
         .collect()
 }
 
@@ -353,4 +361,480 @@ fn run_with_unknown_device_names_the_available_ones() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("available: rxe0, rxe1"), "{stderr}");
+}
+
+// ---- rdma-trace verify: socket syscalls per phase
+
+/// `rdma-trace verify ARGS --json`; returns (exit code, stdout + stderr, report or Null).
+fn verify(args: &[&str], name: &str) -> (Option<i32>, String, Value) {
+    let json = temp_json(name);
+    let mut cmd = Command::new(RDMA_TRACE);
+    cmd.arg("verify")
+        .args(["--json", json.to_str().unwrap()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("start rdma-trace verify");
+    let out = child.wait_with_output().expect("rdma-trace verify");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let report = if json.exists() {
+        read_json(&json)
+    } else {
+        Value::Null
+    };
+    (out.status.code(), text, report)
+}
+
+fn calls(phase: &Value, class: &str) -> u64 {
+    phase[class]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {class} in {phase}"))
+        .iter()
+        .map(|c| c["calls"].as_u64().unwrap())
+        .sum()
+}
+
+fn names(phase: &Value, class: &str) -> Vec<String> {
+    phase[class]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["syscall"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// verify passes for `demo` in both modes: no socket call in the data phase, while the
+/// setup phase shows the TCP exchange (so sockets were recognised) and the data phase shows
+/// the demo's RDMA doorbells.
+fn verify_passes(demo: &str, iters: &str) {
+    for mode in ["poll", "event"] {
+        let (code, text, report) = verify(
+            &["--demo", demo, "--mode", mode, "-i", iters],
+            &format!("verify-{demo}-{mode}"),
+        );
+        assert_eq!(code, Some(0), "{demo} {mode}:\n{text}");
+        assert!(
+            text.contains("data phase: 0 socket syscalls, "),
+            "{demo} {mode}: no verdict\n{text}"
+        );
+        let phases = report["phases"].as_array().expect("phases");
+        let (setup, data, teardown) = (&phases[0], &phases[1], &phases[2]);
+        assert_eq!(data["phase"], "data");
+        assert_eq!(calls(data, "socket"), 0, "{demo} {mode}: {data}");
+        assert_eq!(report["data_phase_clean"], true);
+        let setup_socket = names(setup, "socket");
+        for want in ["socket", "setsockopt"] {
+            assert!(
+                setup_socket.iter().any(|n| n == want),
+                "{demo} {mode}: the TCP exchange was not seen in setup: {setup}"
+            );
+        }
+        assert!(
+            setup_socket.iter().any(|n| n == "write" || n == "sendto"),
+            "{demo} {mode}: no write to the exchange socket in setup: {setup}"
+        );
+        // rxe: every posted send is a write on the uverbs descriptor.
+        assert!(
+            calls(data, "rdma") >= iters.parse::<u64>().unwrap(),
+            "{demo} {mode}: too few RDMA calls in the data phase: {data}"
+        );
+        assert!(
+            calls(setup, "rdma") > 0 && calls(teardown, "rdma") > 0,
+            "{demo} {mode}: resources are created in setup and destroyed in teardown: {setup} {teardown}"
+        );
+    }
+    assert!(demo_processes().is_empty(), "a demo outlived verify");
+}
+
+#[test]
+fn verify_pingpong_data_phase_uses_no_socket() {
+    verify_passes("pingpong", "50");
+}
+
+#[test]
+fn verify_write_read_data_phase_uses_no_socket() {
+    verify_passes("write-read", "20");
+}
+
+#[test]
+fn verify_atomic_data_phase_uses_no_socket() {
+    verify_passes("atomic", "10");
+}
+
+#[test]
+fn verify_fails_and_names_the_calls_when_the_data_phase_sends_over_tcp() {
+    let (code, text, report) = verify(
+        &["-i", "20", "--", "--inject-fault", "tcp-in-data"],
+        "verify-tcp-in-data",
+    );
+    assert_eq!(code, Some(4), "{text}");
+    let data = &report["phases"][1];
+    let offending = names(data, "socket");
+    for want in ["socket", "connect"] {
+        assert!(
+            offending.iter().any(|n| n == want),
+            "{want} not named: {offending:?}\n{text}"
+        );
+    }
+    // std's TcpStream::write is send(2), i.e. sendto on x86_64.
+    assert!(
+        offending
+            .iter()
+            .any(|n| ["write", "sendto", "sendmsg"].contains(&n.as_str())),
+        "the data write is not named: {offending:?}"
+    );
+    assert_eq!(report["data_phase_clean"], false);
+    let verdict = text
+        .lines()
+        .find(|l| l.starts_with("data phase: "))
+        .unwrap_or_else(|| panic!("no verdict in\n{text}"));
+    assert!(
+        verdict.contains("connect ×1") && !verdict.starts_with("data phase: 0 socket"),
+        "{verdict}"
+    );
+}
+
+#[test]
+fn verify_exits_with_a_failing_demos_status() {
+    // rdma-demo exits 3 for an unknown device; verify passes that on, with the demo's message.
+    let (code, text, report) = verify(&["-d", "rxe9"], "verify-rxe9");
+    assert_eq!(code, Some(3), "{text}");
+    assert!(text.contains("rxe9"), "{text}");
+    assert!(report.is_null(), "no verdict for a failed demo: {report}");
+    assert!(demo_processes().is_empty());
+}
+
+#[test]
+fn run_json_carries_self_overhead_for_every_attached_program() {
+    let json = temp_json("run-overhead");
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--mode", "event", "--no-tui", "-i", "200", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run rdma-trace run");
+    assert!(
+        out.status.success(),
+        "rdma-trace run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = read_json(&json);
+    let phase = &report["phases"][0];
+    let o = &phase["overhead"];
+    let progs = o["programs"].as_array().expect("overhead.programs");
+    // Every attached probe has its programs listed; those that ran have a cost per run.
+    let attached = phase["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["attach"].is_string())
+        .count();
+    assert!(
+        progs.len() >= attached.min(4),
+        "{} programs for {attached} probes: {o}",
+        progs.len()
+    );
+    for p in progs {
+        let runs = p["runs"].as_u64().expect("runs");
+        if runs > 0 {
+            assert!(p["ns_per_run"].as_f64().unwrap() > 0.0, "{p}");
+        } else {
+            assert!(p["ns_per_run"].is_null(), "{p}");
+        }
+    }
+    for target in [
+        "ib_uverbs_comp_handler",
+        "rxe_cq_post",
+        "raw_tp softirq_entry",
+    ] {
+        let p = progs
+            .iter()
+            .find(|p| p["target"] == target)
+            .unwrap_or_else(|| panic!("no program on {target}: {o}"));
+        assert!(p["runs"].as_u64().unwrap() >= 200, "{p}");
+        assert!(p["ns_per_run"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    assert!(o["bpf_cpu_percent"].as_f64().unwrap() > 0.0, "{o}");
+    assert!(o["loader_cpu_percent"].as_f64().unwrap() > 0.0, "{o}");
+    assert!(o["loader_peak_rss_kib"].as_u64().unwrap() > 0, "{o}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("overhead: eBPF"), "text report:\n{stdout}");
+    // The text view printed interval blocks while the demo ran.
+    assert!(stdout.contains("[Event mode"), "interval blocks:\n{stdout}");
+}
+
+/// Read `rdma-trace cq`'s stderr until it says it is logging (probes attached); returns it.
+fn wait_logging(cq: &mut Child) -> (String, std::thread::JoinHandle<String>) {
+    use std::io::BufRead as _;
+    let mut err = std::io::BufReader::new(cq.stderr.take().expect("piped stderr"));
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        let n = err.read_line(&mut line).expect("read cq stderr");
+        head.push_str(&line);
+        assert!(n > 0, "rdma-trace cq ended before logging: {head}");
+        if line.starts_with("rdma-trace: logging calls of") {
+            break;
+        }
+    }
+    // Keep draining stderr so the logger never blocks on it.
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    (head, rest)
+}
+
+#[test]
+fn cq_logs_calls_with_callers_while_a_demo_runs() {
+    let mut cq = Command::new(RDMA_TRACE)
+        .args(["cq", "--duration", "25", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rdma-trace cq");
+    // Attach takes a moment; then run an event-mode ping-pong as load.
+    let (stderr_head, stderr_rest) = wait_logging(&mut cq);
+    let demo = Command::new("rdma-demo")
+        .args([
+            "pingpong",
+            "--loopback",
+            "--port",
+            "0",
+            "-d",
+            "rxe1",
+            "--server-device",
+            "rxe0",
+            "--mode",
+            "event",
+            "-i",
+            "100",
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .expect("run rdma-demo");
+    assert!(demo.success(), "rdma-demo failed: {demo}");
+    // SIGTERM ends the log early, like Ctrl-C.
+    let pid = cq.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = cq.wait_with_output().expect("wait for rdma-trace cq");
+    let stderr = stderr_head + &stderr_rest.join().unwrap();
+    assert!(out.status.success(), "rdma-trace cq failed: {stderr}");
+    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")))
+        .collect();
+    let of = |f: &str| events.iter().filter(|e| e["function"] == f).count();
+    assert!(
+        of("rxe_cq_post") >= 400,
+        "{} rxe_cq_post events",
+        of("rxe_cq_post")
+    );
+    assert!(of("ib_uverbs_comp_handler") >= 100, "event mode: {stderr}");
+    for e in &events {
+        assert!(
+            e["ts_ns"].as_u64().unwrap() > 0 && e["pid"].is_u64() && e["comm"].is_string(),
+            "{e}"
+        );
+    }
+    let with_callers = events.iter().filter(|e| e["caller"].is_string()).count();
+    assert!(
+        with_callers * 10 >= events.len() * 9,
+        "{with_callers} of {} events have a caller",
+        events.len()
+    );
+    // rxe posts completions from its responder and completer tasks.
+    assert!(
+        events.iter().any(|e| e["function"] == "rxe_cq_post"
+            && e["caller"].as_str().is_some_and(|c| c.starts_with("rxe_"))),
+        "rxe_cq_post called from rxe: {:?}",
+        events.iter().find(|e| e["function"] == "rxe_cq_post")
+    );
+    assert!(stderr.contains("ns/run"), "overhead summary: {stderr}");
+    assert_eq!(kprobes_left(), "", "kprobes left behind");
+}
+
+#[test]
+fn cq_text_lines_look_like_ftrace() {
+    let mut cq = Command::new(RDMA_TRACE)
+        .args(["cq", "--duration", "20"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rdma-trace cq");
+    let _stderr = wait_logging(&mut cq);
+    let demo = Command::new("rdma-demo")
+        .args([
+            "pingpong",
+            "--loopback",
+            "--port",
+            "0",
+            "-d",
+            "rxe1",
+            "--server-device",
+            "rxe0",
+            "-i",
+            "20",
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .expect("run rdma-demo");
+    assert!(demo.success());
+    let pid = cq.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = cq.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    // `comm-tid [cpu] secs: function <-caller`
+    let line = text
+        .lines()
+        .find(|l| l.contains(": rxe_cq_post <-rxe_"))
+        .unwrap_or_else(|| panic!("no rxe_cq_post line with an rxe caller:\n{text}"));
+    let (head, _) = line.split_once(": rxe_cq_post").unwrap();
+    assert!(head.contains("-") && head.contains("[00"), "{line}");
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").args(["-c", cmd]).output().expect("sh");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Puts rxe0/rxe1 back (as the guest's init made them) when dropped.
+struct RestoreRxe;
+
+impl Drop for RestoreRxe {
+    fn drop(&mut self) {
+        for (dev, netdev) in [("rxe0", "va"), ("rxe1", "vb")] {
+            if !std::path::Path::new("/sys/class/infiniband")
+                .join(dev)
+                .exists()
+            {
+                let _ = Command::new("rdma")
+                    .args(["link", "add", dev, "type", "rxe", "netdev", netdev])
+                    .status();
+            }
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(15) {
+            let ready = ["rxe0", "rxe1"].iter().all(|d| {
+                std::fs::read_to_string(format!("/sys/class/infiniband/{d}/ports/1/gids/1"))
+                    .is_ok_and(|g| g.contains("ffff"))
+            });
+            if ready {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn run_without_devices_uses_a_temporary_soft_roce_device_and_leaves_routing_alone() {
+    let rules = sh("ip rule show");
+    let routes = sh("ip route show table all");
+    let _restore = RestoreRxe;
+    for dev in ["rxe0", "rxe1"] {
+        assert!(
+            Command::new("rdma")
+                .args(["link", "delete", dev])
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+    let json = temp_json("temp-rxe");
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--mode", "poll", "--no-tui", "-i", "50", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run rdma-trace run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "rdma-trace run failed: {stderr}");
+    assert!(
+        stderr.contains("temporary Soft-RoCE device rdmatrace0"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("removed the temporary Soft-RoCE device rdmatrace0"),
+        "{stderr}"
+    );
+    let report = read_json(&json);
+    assert_eq!(report["server_device"], "rdmatrace0");
+    assert_eq!(report["client_device"], "rdmatrace0");
+    assert!(
+        !std::path::Path::new("/sys/class/infiniband/rdmatrace0").exists(),
+        "device left behind"
+    );
+    assert_eq!(sh("ip rule show"), rules, "policy rules changed");
+    assert_eq!(sh("ip route show table all"), routes, "routes changed");
+}
+
+#[test]
+fn uprobes_time_the_demos_blocking_wait_when_asked() {
+    let json = temp_json("uprobes");
+    let out = Command::new(RDMA_TRACE)
+        .args([
+            "run",
+            "--mode",
+            "both",
+            "--uprobes",
+            "--no-tui",
+            "-i",
+            "100",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run rdma-trace run --uprobes");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = read_json(&json);
+    let (poll, event) = (&report["phases"][0], &report["phases"][1]);
+    assert_eq!(probe(event, "ibv_get_cq_event")["attach"], "uprobe");
+    assert_eq!(
+        count(poll, "ibv_get_cq_event"),
+        0,
+        "polling never blocks on the channel"
+    );
+    let cq_events: u64 = event["demo"]["reports"]
+        .as_array()
+        .expect("demo reports")
+        .iter()
+        .map(|r| r["cq_events"].as_u64().expect("cq_events"))
+        .sum();
+    // One call per event taken: the uprobe sees exactly the demo's calls (the versioned
+    // default symbol, in the demo's process only).
+    assert_eq!(count(event, "ibv_get_cq_event"), cq_events);
+    let p = probe(event, "ibv_get_cq_event");
+    assert_eq!(p["summary"]["count"], p["count"], "every call timed: {p}");
+    // Without the flag the probe says why it is off.
+    let json = temp_json("no-uprobes");
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--mode", "poll", "--no-tui", "-i", "20", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let report = read_json(&json);
+    let skipped = probe(&report["phases"][0], "ibv_get_cq_event")["skipped"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(skipped.contains("--uprobes"), "{skipped}");
 }

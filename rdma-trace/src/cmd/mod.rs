@@ -1,8 +1,13 @@
 //! One module per subcommand; shared plumbing here.
 
+pub mod completions;
+pub mod cq;
+pub mod export;
 pub mod funclat;
+pub mod irq;
 pub mod run;
 pub mod softirqs;
+pub mod verify;
 
 use std::{path::Path, time::Duration};
 

@@ -5,7 +5,7 @@ use std::{
     collections::HashMap,
     path::{Path, PathBuf},
     process::Stdio,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
@@ -14,13 +14,16 @@ use tokio::io::AsyncReadExt as _;
 
 use crate::{
     bpf::ProbeData,
-    cmd::{Window, wait_window, write_json},
+    cmd::{Window, write_json},
     error::Unsupported,
     kernel::{Kernel, RdmaDevice},
+    overhead::{LoaderUsage, Overhead, ProgramStat},
     plan::Options,
     probes::PROBES,
     report::{ProbeReport, probe_reports, render},
     session::Session,
+    softroce,
+    tui::{Live, Progress, Sample, Source},
 };
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -57,12 +60,20 @@ pub struct Args {
     /// Write the report as JSON to this file (`-`: stdout).
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
-    /// Print the text report only (the live view is not built yet: this is what `run` does).
+    /// No live screen: print text histograms each interval, then the report. Also the case
+    /// when stdout is not a terminal.
     #[arg(long)]
     pub no_tui: bool,
+    /// Refresh interval of the live view [default: 0.25 s on the screen, 1 s as text].
+    #[arg(long, value_name = "SECS", value_parser = crate::parse_seconds)]
+    pub interval: Option<Duration>,
     /// Keep probes of driver paths without a device here.
     #[arg(long)]
     pub all_drivers: bool,
+    /// Also attach the user-space probes (uprobe on ibv_get_cq_event: the demo's blocked time).
+    /// Off by default: a uprobe traps on every call and slows event-mode round trips.
+    #[arg(long)]
+    pub uprobes: bool,
     /// The rdma-demo binary [default: next to rdma-trace, else on PATH].
     #[arg(long, value_name = "PATH")]
     pub demo: Option<PathBuf>,
@@ -85,12 +96,25 @@ struct Phase {
     /// The demo's own `--json` results.
     demo: serde_json::Value,
     probes: Vec<ProbeReport>,
+    /// What tracing cost during this phase.
+    overhead: Overhead,
 }
 
 /// Exit status: the demo's when it failed.
 pub async fn run(args: &Args) -> Result<Option<i32>> {
     check_privileges()?;
     let kernel = Kernel::live();
+    // No RDMA device, but Soft-RoCE can be had: a temporary rxe device, removed on the way out.
+    let _temp_rxe = if kernel.rdma_devices().is_empty() && softroce::available() {
+        let t = softroce::TempRxe::create()?;
+        eprintln!(
+            "rdma-trace: no RDMA device: created the temporary Soft-RoCE device {} on {} (removed at exit)",
+            t.name, t.netdev
+        );
+        Some(t)
+    } else {
+        None
+    };
     let (server, client) = pick_devices(&kernel.rdma_devices(), args)?;
     let demo = demo_binary(args.demo.as_deref())?;
     let session = Session::start(
@@ -98,6 +122,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         PROBES,
         Options {
             all_drivers: args.all_drivers,
+            uprobes: args.uprobes,
         },
     )?;
     eprintln!(
@@ -112,25 +137,53 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     };
     let mut phases = Vec::new();
     let mut failure = None;
+    let json_on_stdout = args.json.as_deref() == Some(Path::new("-"));
+    let mut live = Live::new(
+        "rdma-trace run",
+        !args.no_tui,
+        args.interval,
+        json_on_stdout,
+    );
+    // On the screen the reports wait until it is closed.
+    let mut deferred = String::new();
+    let mut quit = false;
     for &mode in modes {
-        let before = session.snapshot()?;
-        let (window, demo_json, demo_out) = run_demo(&demo, mode, &server, &client, args).await?;
+        let mut src = RunSource::new(
+            &session,
+            format!("{mode:?} mode, {server} ↔ {client}"),
+            args.iterations,
+        )?;
+        let (window, demo_json, demo_out) =
+            run_demo(&demo, mode, &server, &client, args, &mut live, &mut src).await?;
         let after = session.snapshot()?;
-        let data = delta(&after, &before);
+        let data = delta(&after, &src.phase_before);
         let probes = probe_reports(&session, &data, window.seconds);
-        println!(
-            "===== mode {mode:?}: {} iterations of {} B, {server} ↔ {client} =====",
-            args.iterations, args.size
+        let overhead = src.overhead()?;
+        let text = format!(
+            "===== mode {mode:?}: {} iterations of {} B, {server} ↔ {client} =====\n{}\n{}\n--- rdma-demo ---\n{}\n",
+            args.iterations,
+            args.size,
+            render(&probes),
+            overhead.render(),
+            demo_out.stdout.trim_end()
         );
-        print!("{}", render(&probes));
-        println!("\n--- rdma-demo ---\n{}", demo_out.stdout.trim_end());
+        if live.is_screen() {
+            deferred.push_str(&text);
+        } else {
+            print!("{text}");
+        }
         let status = window.command_status;
         phases.push(Phase {
             mode,
             window: window.clone(),
             demo: demo_json,
             probes,
+            overhead,
         });
+        if window.ended_by == "quit" {
+            quit = true;
+            break;
+        }
         if window.interrupted() {
             eprintln!(
                 "rdma-trace: {} before the demo finished; probes detached",
@@ -148,6 +201,16 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             failure = status.or(Some(1));
             break;
         }
+    }
+    let interrupted = if failure.is_none() && !quit {
+        live.linger("run finished").await?
+    } else {
+        false
+    };
+    live.close();
+    print!("{deferred}");
+    if interrupted {
+        failure = Some(130);
     }
     drop(session); // detach every probe before the summary
     if phases.len() == 2 {
@@ -223,7 +286,7 @@ fn pick_devices(devices: &[RdmaDevice], args: &Args) -> Result<(String, String)>
     Ok((server, client))
 }
 
-fn demo_binary(given: Option<&Path>) -> Result<PathBuf> {
+pub(crate) fn demo_binary(given: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = given {
         if p.is_file() {
             return Ok(p.to_path_buf());
@@ -255,6 +318,8 @@ async fn run_demo(
     server: &str,
     client: &str,
     args: &Args,
+    live: &mut Live,
+    src: &mut RunSource<'_>,
 ) -> Result<(Window, serde_json::Value, DemoOutput)> {
     let json = std::env::temp_dir().join(format!(
         "rdma-trace-demo-{}-{mode:?}.json",
@@ -288,6 +353,10 @@ async fn run_demo(
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("could not start {}", demo.display()))?;
+    if let Some(pid) = child.id() {
+        // The uprobes count the demo only.
+        src.session.watch_pid(pid)?;
+    }
     let mut stdout_pipe = child.stdout.take().context("demo stdout")?;
     let mut stderr_pipe = child.stderr.take().context("demo stderr")?;
     let read_out = tokio::spawn(async move {
@@ -300,7 +369,7 @@ async fn run_demo(
         let _ = stderr_pipe.read_to_string(&mut s).await;
         s
     });
-    let window = wait_window(args.duration, Some(&mut child)).await?;
+    let window = live.watch(src, args.duration, Some(&mut child)).await?;
     let out = DemoOutput {
         stdout: read_out.await.unwrap_or_default(),
         stderr: read_err.await.unwrap_or_default(),
@@ -313,8 +382,104 @@ async fn run_demo(
     Ok((window, value, out))
 }
 
+/// Feeds the live view during one mode's run.
+struct RunSource<'a> {
+    session: &'a Session,
+    label: String,
+    iterations: u32,
+    /// At the start of the phase (the report and the progress count from here).
+    phase_before: HashMap<u32, ProbeData>,
+    stats_before: Vec<ProgramStat>,
+    usage_before: LoaderUsage,
+    /// Where the live view counts from (moved by `r`).
+    baseline: HashMap<u32, ProbeData>,
+    baseline_at: Instant,
+    view_stats: Vec<ProgramStat>,
+    view_usage: LoaderUsage,
+}
+
+impl<'a> RunSource<'a> {
+    fn new(session: &'a Session, label: String, iterations: u32) -> Result<Self> {
+        let before = session.snapshot()?;
+        let (stats, _) = session.program_stats();
+        let usage = LoaderUsage::now();
+        Ok(Self {
+            session,
+            label,
+            iterations,
+            baseline: before.clone(),
+            phase_before: before,
+            view_stats: stats.clone(),
+            stats_before: stats,
+            usage_before: usage,
+            view_usage: usage,
+            baseline_at: Instant::now(),
+        })
+    }
+
+    /// The phase's overhead so far.
+    fn overhead(&self) -> Result<Overhead> {
+        let (now, how) = self.session.program_stats();
+        Ok(Overhead::between(
+            how,
+            &self.stats_before,
+            &now,
+            self.usage_before,
+            LoaderUsage::now(),
+        ))
+    }
+}
+
+/// rxe posts 4 completions per ping-pong iteration (send and receive, on both sides).
+const CQES_PER_ITERATION: u64 = 4;
+
+impl Source for RunSource<'_> {
+    fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
+        let now = self.session.snapshot()?;
+        let data = delta(&now, &self.baseline);
+        let probes = probe_reports(
+            self.session,
+            &data,
+            self.baseline_at.elapsed().as_secs_f64(),
+        );
+        let phase = delta(&now, &self.phase_before);
+        let cq_posts = probes
+            .iter()
+            .position(|p| p.name == "rxe_cq_post" && p.skipped.is_none())
+            .and_then(|i| phase.get(&self.session.plan.probes[i].id))
+            .map(|d| d.counters[rdma_trace_common::C_EVENTS as usize]);
+        let (stats, how) = self.session.program_stats();
+        let overhead = Overhead::between(
+            how,
+            &self.view_stats,
+            &stats,
+            self.view_usage,
+            LoaderUsage::now(),
+        );
+        Ok(Sample {
+            probes,
+            overhead: Some(overhead),
+            progress: Progress {
+                label: self.label.clone(),
+                elapsed,
+                done: cq_posts.map(|c| (c / CQES_PER_ITERATION).min(u64::from(self.iterations))),
+                total: Some(u64::from(self.iterations)),
+                done_from: cq_posts.map(|_| "rxe_cq_post / 4"),
+            },
+        })
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        self.baseline = self.session.snapshot()?;
+        self.baseline_at = Instant::now();
+        self.view_stats = self.session.program_stats().0;
+        self.view_usage = LoaderUsage::now();
+        Ok(())
+    }
+}
+
 /// Counters and histograms added between two snapshots.
-fn delta(
+pub(crate) fn delta(
     after: &HashMap<u32, ProbeData>,
     before: &HashMap<u32, ProbeData>,
 ) -> HashMap<u32, ProbeData> {
@@ -390,7 +555,9 @@ mod tests {
             duration: None,
             json: None,
             no_tui: true,
+            interval: None,
             all_drivers: false,
+            uprobes: false,
             demo: None,
         }
     }

@@ -1,0 +1,343 @@
+//! `rdma-trace irq`: hard IRQ handlers of the RDMA and NIC interrupts — per IRQ its count,
+//! handler duration histogram and spread over the CPUs — and the NET_RX and TASKLET softirq
+//! vectors (what runs after the hard IRQ). Raw tracepoints `irq_handler_entry/exit` and
+//! `softirq_entry/exit`: works without tracefs and without kprobes.
+
+use std::{collections::HashMap, path::PathBuf, time::Duration};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::{
+    bpf::ProbeData,
+    cmd::{Window, write_json},
+    error::Unsupported,
+    kernel::Kernel,
+    overhead::{LoaderUsage, Overhead, ProgramStat},
+    plan::Options,
+    probes::{Driver, Method, ProbeDef, Shape, glob_match},
+    report::{ProbeReport, probe_reports, render},
+    session::Session,
+    tui::{Live, Progress, Sample, Source},
+};
+
+/// IRQs traced without `--match`: mlx5 completion and async vectors, virtio NIC queues, and
+/// the usual NIC names.
+pub const DEFAULT_PATTERNS: &[&str] = &[
+    "mlx5_comp*",
+    "mlx5_async*",
+    "virtio*-input*",
+    "virtio*-output*",
+    "eth*",
+    "ens*",
+    "enp*",
+];
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Collect for this many seconds (default: until q or Ctrl-C).
+    #[arg(short, long, value_name = "SECS", value_parser = crate::parse_seconds)]
+    pub duration: Option<Duration>,
+    /// IRQ names to trace, as in /proc/interrupts; `*` matches any text; repeat or separate
+    /// with commas [default: mlx5_comp*, mlx5_async*, virtio*-input*, virtio*-output*, eth*,
+    /// ens*, enp*].
+    #[arg(short, long = "match", value_name = "PATTERN", value_delimiter = ',')]
+    pub patterns: Vec<String>,
+    /// Also write the report as JSON to this file (`-`: stdout).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// No live screen: print text histograms each interval (also when stdout is not a terminal).
+    #[arg(long)]
+    pub no_tui: bool,
+    /// Refresh interval of the live view [default: 0.25 s on the screen, 1 s as text].
+    #[arg(long, value_name = "SECS", value_parser = crate::parse_seconds)]
+    pub interval: Option<Duration>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    kernel: Option<String>,
+    window: Window,
+    patterns: Vec<String>,
+    irqs: Vec<IrqReport>,
+    softirqs: Vec<ProbeReport>,
+    overhead: Overhead,
+}
+
+#[derive(Serialize)]
+struct IrqReport {
+    /// IRQ numbers sharing this name (usually one).
+    numbers: Vec<u32>,
+    /// Handler events per CPU (index = CPU).
+    cpus: Vec<u64>,
+    #[serde(flatten)]
+    probe: ProbeReport,
+}
+
+/// One probe per IRQ name matching `patterns` (IRQs sharing a name share a probe), then the
+/// NET_RX and TASKLET softirqs.
+fn irq_probes(irqs: &[(u32, String)], patterns: &[String]) -> Vec<ProbeDef> {
+    let mut names: Vec<&str> = Vec::new();
+    for (_, name) in irqs {
+        if patterns.iter().any(|p| glob_match(p, name)) && !names.contains(&name.as_str()) {
+            names.push(name);
+        }
+    }
+    let mut defs: Vec<ProbeDef> = names
+        .into_iter()
+        .take(rdma_trace_common::MAX_IRQS as usize)
+        .map(|name| {
+            let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
+            let patterns: &'static [&'static str] = Box::leak(Box::new([name]));
+            ProbeDef {
+                name: Box::leak(format!("irq {name}").into_boxed_str()),
+                what: "hard IRQ handler, entry → exit",
+                driver: Driver::Network,
+                shape: Shape::Irq { patterns },
+                methods: &[Method::RawTracepoint],
+                zero_note: None,
+            }
+        })
+        .collect();
+    for (vector, what) in [
+        (3, "NET_RX softirq runs (receive processing after NIC IRQs)"),
+        (
+            6,
+            "TASKLET softirq runs (mlx5 completion tasklets, rxe on 6.1)",
+        ),
+    ] {
+        defs.push(ProbeDef {
+            name: rdma_trace_common::SOFTIRQ_NAMES[vector as usize],
+            what,
+            driver: Driver::Network,
+            shape: Shape::Softirq { vector },
+            methods: &[Method::RawTracepoint],
+            zero_note: None,
+        });
+    }
+    defs
+}
+
+struct IrqSource<'a> {
+    session: &'a Session,
+    baseline: HashMap<u32, ProbeData>,
+    baseline_at: std::time::Instant,
+    stats: Vec<ProgramStat>,
+    usage: LoaderUsage,
+}
+
+impl<'a> IrqSource<'a> {
+    fn new(session: &'a Session) -> Result<Self> {
+        Ok(Self {
+            session,
+            baseline: session.snapshot()?,
+            baseline_at: std::time::Instant::now(),
+            stats: session.program_stats().0,
+            usage: LoaderUsage::now(),
+        })
+    }
+}
+
+impl Source for IrqSource<'_> {
+    fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
+        let data = crate::cmd::run::delta(&self.session.snapshot()?, &self.baseline);
+        let (stats, how) = self.session.program_stats();
+        Ok(Sample {
+            probes: probe_reports(
+                self.session,
+                &data,
+                self.baseline_at.elapsed().as_secs_f64(),
+            ),
+            overhead: Some(Overhead::between(
+                how,
+                &self.stats,
+                &stats,
+                self.usage,
+                LoaderUsage::now(),
+            )),
+            progress: Progress {
+                label: "IRQs and softirqs".to_owned(),
+                elapsed,
+                ..Progress::default()
+            },
+        })
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        *self = Self::new(self.session)?;
+        Ok(())
+    }
+}
+
+/// Ctrl-C, SIGTERM and `q` end the window like `--duration` does: the report follows, exit 0.
+pub async fn run(args: &Args) -> Result<()> {
+    let kernel = Kernel::live();
+    let patterns: Vec<String> = if args.patterns.is_empty() {
+        DEFAULT_PATTERNS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.patterns.clone()
+    };
+    let irqs = kernel.interrupts();
+    let defs = irq_probes(&irqs, &patterns);
+    if !defs.iter().any(|d| matches!(d.shape, Shape::Irq { .. })) {
+        return Err(anyhow::anyhow!(Unsupported(format!(
+            "no IRQ in /proc/interrupts matches {}: pass --match with a name from /proc/interrupts",
+            patterns.join(", ")
+        ))));
+    }
+    let session = Session::start(&kernel, &defs, Options::default())?;
+    eprintln!(
+        "rdma-trace: timing IRQ handlers{}; probes:\n{}",
+        args.duration
+            .map(|d| format!(" for {} s", d.as_secs_f64()))
+            .unwrap_or_default(),
+        session.attach_table()
+    );
+    let json_on_stdout = args.json.as_deref() == Some(std::path::Path::new("-"));
+    let mut live = Live::new(
+        "rdma-trace irq",
+        !args.no_tui,
+        args.interval,
+        json_on_stdout,
+    );
+    let mut src = IrqSource::new(&session)?;
+    let usage0 = LoaderUsage::now();
+    let stats0 = session.program_stats().0;
+    let before = session.snapshot()?;
+    let window = live.watch(&mut src, args.duration, None).await?;
+    live.close();
+    let after = session.snapshot()?;
+    let per_cpu = session.events_per_cpu()?;
+    let (stats1, how) = session.program_stats();
+    let overhead = Overhead::between(how, &stats0, &stats1, usage0, LoaderUsage::now());
+    let reports = probe_reports(
+        &session,
+        &crate::cmd::run::delta(&after, &before),
+        window.seconds,
+    );
+    let numbers: Vec<(u32, Vec<u32>)> = session
+        .plan
+        .probes
+        .iter()
+        .map(|p| (p.id, p.irqs.clone()))
+        .collect();
+    let ids: Vec<u32> = session.plan.probes.iter().map(|p| p.id).collect();
+    let mut text = format!("IRQ handlers and softirqs over {:.1} s\n", window.seconds);
+    text.push_str(&render(&reports));
+    drop(session); // detach before printing
+
+    let mut irq_reports = Vec::new();
+    let mut softirqs = Vec::new();
+    for ((id, probe), (_, nums)) in ids.into_iter().zip(reports).zip(numbers) {
+        if probe.name.starts_with("irq ") {
+            irq_reports.push(IrqReport {
+                numbers: nums,
+                // The maps start at 0 when created: these are the counts since attach.
+                cpus: per_cpu.get(&id).cloned().unwrap_or_default(),
+                probe,
+            });
+        } else {
+            softirqs.push(probe);
+        }
+    }
+    text.push_str(&cpu_table(&irq_reports));
+    text.push_str(&overhead.render());
+    if json_on_stdout {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
+    }
+    if let Some(path) = &args.json {
+        write_json(
+            path,
+            &Report {
+                kernel: kernel.release(),
+                window,
+                patterns,
+                irqs: irq_reports,
+                softirqs,
+                overhead,
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// `irq  name  cpu0 cpu1 ...`: where each IRQ's handlers ran.
+fn cpu_table(irqs: &[IrqReport]) -> String {
+    let ncpu = irqs.iter().map(|r| r.cpus.len()).max().unwrap_or(0);
+    if ncpu == 0 {
+        return String::new();
+    }
+    let mut out = format!(
+        "\nCPU spread (handler runs per CPU since attach):\n  {:<28}",
+        "irq"
+    );
+    for c in 0..ncpu {
+        out.push_str(&format!(" {:>9}", format!("CPU{c}")));
+    }
+    out.push('\n');
+    for r in irqs {
+        let nums: Vec<String> = r.numbers.iter().map(u32::to_string).collect();
+        out.push_str(&format!(
+            "  {:<28}",
+            format!(
+                "{} ({})",
+                r.probe.name.trim_start_matches("irq "),
+                nums.join(",")
+            )
+        ));
+        for c in 0..ncpu {
+            out.push_str(&format!(" {:>9}", r.cpus.get(c).copied().unwrap_or(0)));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_probe_per_matching_irq_name_then_softirqs() {
+        let irqs = vec![
+            (28, "virtio0-config".to_owned()),
+            (38, "virtio2-input.0".to_owned()),
+            (39, "virtio2-output.0".to_owned()),
+            (50, "mlx5_comp0@pci:0000:3b:00.0".to_owned()),
+            (51, "mlx5_comp0@pci:0000:3b:00.0".to_owned()),
+        ];
+        let pats: Vec<String> = DEFAULT_PATTERNS.iter().map(|s| s.to_string()).collect();
+        let defs = irq_probes(&irqs, &pats);
+        let names: Vec<&str> = defs.iter().map(|d| d.name).collect();
+        assert_eq!(
+            names,
+            [
+                "irq virtio2-input.0",
+                "irq virtio2-output.0",
+                "irq mlx5_comp0@pci:0000:3b:00.0",
+                "NET_RX",
+                "TASKLET"
+            ]
+        );
+        let only = irq_probes(&irqs, &["virtio0-*".to_owned()]);
+        assert_eq!(only.len(), 3);
+        assert!(matches!(only[0].shape, Shape::Irq { patterns } if patterns == ["virtio0-config"]));
+    }
+
+    #[test]
+    fn cpu_table_lists_every_cpu() {
+        let r = IrqReport {
+            numbers: vec![38],
+            cpus: vec![0, 42],
+            probe: crate::tui::app::tests::report("irq virtio2-input.0", 42, false),
+        };
+        let t = cpu_table(&[r]);
+        assert!(t.contains("CPU0") && t.contains("CPU1"), "{t}");
+        assert!(
+            t.contains("virtio2-input.0 (38)") && t.contains("42"),
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,250 @@
+//! What tracing costs: per eBPF program its run count and ns per run (the kernel's BPF run-time
+//! statistics, enabled while rdma-trace runs), and the loader's own CPU time and peak RSS.
+
+use std::{
+    fs,
+    os::fd::OwnedFd,
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+
+const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+/// Keeps the kernel's BPF run-time statistics on while it lives.
+#[derive(Debug)]
+pub struct RunTimeStats {
+    /// How the statistics were turned on (`bpf_enable_stats`, `sysctl`, `already on`), or why
+    /// not (`unavailable: ...`).
+    pub how: String,
+    _fd: Option<OwnedFd>,
+    /// The sysctl was 0 and we set it: set it back on drop.
+    restore_sysctl: bool,
+}
+
+impl RunTimeStats {
+    /// BPF_ENABLE_STATS (Linux 5.8; the statistics stop when the fd closes), else the
+    /// `kernel.bpf_stats_enabled` sysctl (restored on drop). Never fails: without statistics
+    /// the report says so and the figures are 0.
+    pub fn enable() -> Self {
+        match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Self {
+                how: "bpf_enable_stats".to_owned(),
+                _fd: Some(fd),
+                restore_sysctl: false,
+            },
+            Err(e) => {
+                let syscall_err = crate::bpf::chain(&e);
+                match fs::read_to_string(SYSCTL).map(|s| s.trim().to_owned()) {
+                    Ok(v) if v == "1" => Self {
+                        how: "already on (kernel.bpf_stats_enabled = 1)".to_owned(),
+                        _fd: None,
+                        restore_sysctl: false,
+                    },
+                    Ok(_) => match fs::write(SYSCTL, "1") {
+                        Ok(()) => Self {
+                            how: "sysctl".to_owned(),
+                            _fd: None,
+                            restore_sysctl: true,
+                        },
+                        Err(w) => {
+                            Self::unavailable(format!("{syscall_err}; writing {SYSCTL}: {w}"))
+                        }
+                    },
+                    Err(r) => Self::unavailable(format!("{syscall_err}; reading {SYSCTL}: {r}")),
+                }
+            }
+        }
+    }
+
+    fn unavailable(why: String) -> Self {
+        Self {
+            how: format!("unavailable: {why}"),
+            _fd: None,
+            restore_sysctl: false,
+        }
+    }
+}
+
+impl Drop for RunTimeStats {
+    fn drop(&mut self) {
+        if self.restore_sysctl {
+            let _ = fs::write(SYSCTL, "0");
+        }
+    }
+}
+
+/// Cumulative statistics of one attached program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramStat {
+    /// The program's name in the eBPF object (`kentry_3`).
+    pub name: String,
+    /// What it is attached to (a kernel function or a tracepoint).
+    pub target: String,
+    pub runs: u64,
+    pub run_ns: u64,
+}
+
+/// The loader's CPU time at one moment.
+#[derive(Clone, Copy, Debug)]
+pub struct LoaderUsage {
+    at: Instant,
+    cpu: Duration,
+    peak_rss_kib: u64,
+}
+
+impl LoaderUsage {
+    pub fn now() -> Self {
+        // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a valid, writable rusage; RUSAGE_SELF needs nothing else.
+        let ok = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } == 0;
+        let tv = |t: libc::timeval| {
+            Duration::from_secs(t.tv_sec.max(0) as u64)
+                + Duration::from_micros(t.tv_usec.max(0) as u64)
+        };
+        Self {
+            at: Instant::now(),
+            cpu: if ok {
+                tv(ru.ru_utime) + tv(ru.ru_stime)
+            } else {
+                Duration::ZERO
+            },
+            // Linux reports ru_maxrss in KiB.
+            peak_rss_kib: if ok { ru.ru_maxrss.max(0) as u64 } else { 0 },
+        }
+    }
+}
+
+/// One program's cost over a window.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProgramOverhead {
+    pub name: String,
+    pub target: String,
+    pub runs: u64,
+    pub run_ns: u64,
+    /// Average ns per run (null without runs).
+    pub ns_per_run: Option<f64>,
+}
+
+/// The cost of tracing over a window.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Overhead {
+    /// How the kernel's BPF run-time statistics were enabled, or why not.
+    pub stats: String,
+    pub programs: Vec<ProgramOverhead>,
+    /// Time in all our programs, in % of one CPU over the window.
+    pub bpf_cpu_percent: f64,
+    /// The loader's own CPU time (user + system), in % of one CPU over the window.
+    pub loader_cpu_percent: f64,
+    /// The loader's peak resident set size.
+    pub loader_peak_rss_kib: u64,
+}
+
+impl Overhead {
+    /// The cost between two snapshots of the program statistics and loader usage.
+    pub fn between(
+        stats: &str,
+        before: &[ProgramStat],
+        after: &[ProgramStat],
+        u0: LoaderUsage,
+        u1: LoaderUsage,
+    ) -> Self {
+        let wall = u1.at.saturating_duration_since(u0.at).as_secs_f64();
+        let programs: Vec<ProgramOverhead> = after
+            .iter()
+            .map(|a| {
+                let b = before.iter().find(|b| b.name == a.name);
+                let runs = a.runs.saturating_sub(b.map_or(0, |b| b.runs));
+                let run_ns = a.run_ns.saturating_sub(b.map_or(0, |b| b.run_ns));
+                ProgramOverhead {
+                    name: a.name.clone(),
+                    target: a.target.clone(),
+                    runs,
+                    run_ns,
+                    ns_per_run: (runs > 0).then(|| run_ns as f64 / runs as f64),
+                }
+            })
+            .collect();
+        let pct = |ns: f64| {
+            if wall > 0.0 {
+                ns / (wall * 1e9) * 100.0
+            } else {
+                0.0
+            }
+        };
+        let bpf_ns: u64 = programs.iter().map(|p| p.run_ns).sum();
+        Self {
+            stats: stats.to_owned(),
+            bpf_cpu_percent: pct(bpf_ns as f64),
+            loader_cpu_percent: pct(u1.cpu.saturating_sub(u0.cpu).as_nanos() as f64),
+            loader_peak_rss_kib: u1.peak_rss_kib,
+            programs,
+        }
+    }
+
+    /// The text block of reports.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "overhead: eBPF {:.2} % of a CPU, loader {:.2} % CPU, peak RSS {} KiB (BPF stats: {})\n",
+            self.bpf_cpu_percent, self.loader_cpu_percent, self.loader_peak_rss_kib, self.stats
+        );
+        out.push_str(&format!(
+            "  {:<18} {:<28} {:>10} {:>10}\n",
+            "program", "attached to", "runs", "ns/run"
+        ));
+        for p in &self.programs {
+            out.push_str(&format!(
+                "  {:<18} {:<28} {:>10} {:>10}\n",
+                p.name,
+                p.target,
+                p.runs,
+                p.ns_per_run.map_or("-".to_owned(), |v| format!("{v:.0}"))
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stat(name: &str, runs: u64, run_ns: u64) -> ProgramStat {
+        ProgramStat {
+            name: name.to_owned(),
+            target: format!("{name}_target"),
+            runs,
+            run_ns,
+        }
+    }
+
+    #[test]
+    fn deltas_and_ns_per_run() {
+        let u0 = LoaderUsage::now();
+        // Burn a little CPU so the loader's share is measurable.
+        let mut x = 0u64;
+        while u0.at.elapsed() < Duration::from_millis(30) {
+            x = x.wrapping_mul(31).wrapping_add(7);
+        }
+        std::hint::black_box(x);
+        let u1 = LoaderUsage::now();
+        let before = [stat("a", 10, 1_000), stat("b", 0, 0)];
+        let after = [stat("a", 110, 21_000), stat("b", 0, 0), stat("c", 4, 400)];
+        let o = Overhead::between("test", &before, &after, u0, u1);
+        assert_eq!(o.programs.len(), 3);
+        assert_eq!(o.programs[0].runs, 100);
+        assert_eq!(o.programs[0].ns_per_run, Some(200.0));
+        assert_eq!(o.programs[1].ns_per_run, None, "no runs, no average");
+        assert_eq!(
+            o.programs[2].ns_per_run,
+            Some(100.0),
+            "new program counts from 0"
+        );
+        assert!(o.loader_cpu_percent > 10.0, "{}", o.loader_cpu_percent);
+        assert!(o.loader_peak_rss_kib > 0);
+        assert!(o.bpf_cpu_percent > 0.0);
+        let text = o.render();
+        assert!(text.contains("a_target") && text.contains("200"), "{text}");
+    }
+}

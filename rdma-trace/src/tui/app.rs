@@ -1,0 +1,293 @@
+//! State of the live view, free of any terminal: what is shown, which probe is selected,
+//! paused or not. Keys come in as [`Key`]s; the drawing code (`draw.rs`) only reads this.
+
+use std::time::Duration;
+
+use crate::{overhead::Overhead, report::ProbeReport};
+
+/// What a key press asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Key {
+    Quit,
+    /// Ctrl-C in raw mode: like SIGINT.
+    Interrupt,
+    Next,
+    Prev,
+    Pause,
+    Reset,
+}
+
+impl Key {
+    /// The keys of the live view: q/Esc, Ctrl-C, Tab/↓/→/j, Shift-Tab/↑/←/k, p/Space, r.
+    pub fn from_event(ev: &crossterm::event::KeyEvent) -> Option<Key> {
+        use crossterm::event::{KeyCode, KeyEventKind, KeyModifiers};
+        if ev.kind == KeyEventKind::Release {
+            return None;
+        }
+        if ev.modifiers.contains(KeyModifiers::CONTROL) {
+            return matches!(ev.code, KeyCode::Char('c')).then_some(Key::Interrupt);
+        }
+        Some(match ev.code {
+            KeyCode::Char('q') | KeyCode::Esc => Key::Quit,
+            KeyCode::Tab | KeyCode::Down | KeyCode::Right | KeyCode::Char('j') => Key::Next,
+            KeyCode::BackTab | KeyCode::Up | KeyCode::Left | KeyCode::Char('k') => Key::Prev,
+            KeyCode::Char('p') | KeyCode::Char(' ') => Key::Pause,
+            KeyCode::Char('r') => Key::Reset,
+            _ => return None,
+        })
+    }
+}
+
+/// Where the load generator is.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Progress {
+    /// What runs (`event mode, rxe0 ↔ rxe1`).
+    pub label: String,
+    pub elapsed: Duration,
+    /// Work done so far (e.g. ping-pong iterations), when it can be told.
+    pub done: Option<u64>,
+    pub total: Option<u64>,
+    /// How `done` is known (`rxe_cq_post / 4`).
+    pub done_from: Option<&'static str>,
+}
+
+impl Progress {
+    /// Fraction done in 0..=1, when known.
+    pub fn ratio(&self) -> Option<f64> {
+        match (self.done, self.total) {
+            (Some(d), Some(t)) if t > 0 => Some((d as f64 / t as f64).clamp(0.0, 1.0)),
+            _ => None,
+        }
+    }
+}
+
+/// One refresh worth of data.
+pub struct Sample {
+    pub probes: Vec<ProbeReport>,
+    pub overhead: Option<Overhead>,
+    pub progress: Progress,
+}
+
+pub struct App {
+    pub title: String,
+    pub probes: Vec<ProbeReport>,
+    pub overhead: Option<Overhead>,
+    pub progress: Progress,
+    pub paused: bool,
+    /// A line for the status bar (`demo finished — q to quit`).
+    pub status: Option<String>,
+    /// Name of the selected probe (kept across refreshes).
+    selected: Option<&'static str>,
+    quit: Option<Key>,
+    reset: bool,
+}
+
+impl App {
+    pub fn new(title: impl Into<String>) -> Self {
+        Self {
+            title: title.into(),
+            probes: Vec::new(),
+            overhead: None,
+            progress: Progress::default(),
+            paused: false,
+            status: None,
+            selected: None,
+            quit: None,
+            reset: false,
+        }
+    }
+
+    /// New data. While paused the probes and the overhead stay frozen; progress moves on.
+    pub fn update(&mut self, s: Sample) {
+        self.progress = s.progress;
+        if self.paused {
+            return;
+        }
+        self.probes = s.probes;
+        self.overhead = s.overhead;
+        if self.selected_index().is_none() {
+            self.selected = self.selectable().first().map(|&i| self.probes[i].name);
+        }
+    }
+
+    pub fn key(&mut self, k: Key) {
+        match k {
+            Key::Quit | Key::Interrupt => self.quit = Some(k),
+            Key::Next => self.step(1),
+            Key::Prev => self.step(-1),
+            Key::Pause => self.paused = !self.paused,
+            Key::Reset => self.reset = true,
+        }
+    }
+
+    /// `Some(Quit)` or `Some(Interrupt)` once the user asked to leave.
+    pub fn quit(&self) -> Option<Key> {
+        self.quit
+    }
+
+    /// Whether a reset was asked for since the last call (the caller takes a new baseline).
+    pub fn take_reset(&mut self) -> bool {
+        std::mem::take(&mut self.reset)
+    }
+
+    /// Indexes of the probes that can be selected: the attached ones.
+    pub fn selectable(&self) -> Vec<usize> {
+        (0..self.probes.len())
+            .filter(|&i| self.probes[i].skipped.is_none())
+            .collect()
+    }
+
+    pub fn selected_index(&self) -> Option<usize> {
+        let name = self.selected?;
+        self.probes
+            .iter()
+            .position(|p| p.name == name && p.skipped.is_none())
+    }
+
+    pub fn selected_probe(&self) -> Option<&ProbeReport> {
+        self.selected_index().map(|i| &self.probes[i])
+    }
+
+    fn step(&mut self, by: isize) {
+        let sel = self.selectable();
+        if sel.is_empty() {
+            return;
+        }
+        let pos = self
+            .selected_index()
+            .and_then(|i| sel.iter().position(|&j| j == i))
+            .unwrap_or(0) as isize;
+        let n = sel.len() as isize;
+        let next = sel[((pos + by).rem_euclid(n)) as usize];
+        self.selected = Some(self.probes[next].name);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::{
+        hist::{Bucket, Summary},
+        probes::{Driver, Unit},
+    };
+
+    pub fn report(name: &'static str, count: u64, skipped: bool) -> ProbeReport {
+        ProbeReport {
+            name,
+            what: "test probe",
+            driver: Driver::Network,
+            unit: Unit::Nanoseconds,
+            attach: (!skipped).then_some("raw_tp"),
+            skipped: skipped.then(|| "not here".to_owned()),
+            count,
+            rate: count as f64 / 2.0,
+            unmatched: 0,
+            summary: Summary {
+                count,
+                p50: (count > 0).then_some(1_500.0),
+                p90: (count > 0).then_some(3_000.0),
+                p99: (count > 0).then_some(9_000.0),
+                max: (count > 0).then_some(16_384),
+            },
+            log2: if count > 0 {
+                vec![
+                    Bucket {
+                        lo: 1024,
+                        hi: 2048,
+                        count: count - count / 4,
+                    },
+                    Bucket {
+                        lo: 2048,
+                        hi: 4096,
+                        count: count / 4,
+                    },
+                ]
+            } else {
+                Vec::new()
+            },
+            note: None,
+        }
+    }
+
+    pub fn sample(counts: &[(&'static str, u64, bool)]) -> Sample {
+        Sample {
+            probes: counts.iter().map(|&(n, c, s)| report(n, c, s)).collect(),
+            overhead: None,
+            progress: Progress {
+                label: "event mode".into(),
+                elapsed: Duration::from_secs(2),
+                done: Some(250),
+                total: Some(1000),
+                done_from: Some("rxe_cq_post / 4"),
+            },
+        }
+    }
+
+    #[test]
+    fn selection_skips_skipped_probes_and_wraps() {
+        let mut app = App::new("t");
+        app.update(sample(&[("a", 1, false), ("b", 0, true), ("c", 5, false)]));
+        assert_eq!(app.selected_probe().unwrap().name, "a");
+        app.key(Key::Next);
+        assert_eq!(app.selected_probe().unwrap().name, "c", "b is skipped");
+        app.key(Key::Next);
+        assert_eq!(app.selected_probe().unwrap().name, "a", "wraps");
+        app.key(Key::Prev);
+        assert_eq!(app.selected_probe().unwrap().name, "c");
+        // The selection follows the name when the data refreshes.
+        app.update(sample(&[("c", 9, false), ("a", 1, false)]));
+        assert_eq!(app.selected_probe().unwrap().count, 9);
+    }
+
+    #[test]
+    fn pause_freezes_probes_but_not_progress() {
+        let mut app = App::new("t");
+        app.update(sample(&[("a", 1, false)]));
+        app.key(Key::Pause);
+        assert!(app.paused);
+        let mut s = sample(&[("a", 100, false)]);
+        s.progress.elapsed = Duration::from_secs(7);
+        app.update(s);
+        assert_eq!(app.probes[0].count, 1, "frozen while paused");
+        assert_eq!(app.progress.elapsed, Duration::from_secs(7));
+        app.key(Key::Pause);
+        app.update(sample(&[("a", 100, false)]));
+        assert_eq!(app.probes[0].count, 100);
+    }
+
+    #[test]
+    fn reset_and_quit_are_requests() {
+        let mut app = App::new("t");
+        assert!(!app.take_reset());
+        app.key(Key::Reset);
+        assert!(app.take_reset());
+        assert!(!app.take_reset(), "taken once");
+        assert_eq!(app.quit(), None);
+        app.key(Key::Quit);
+        assert_eq!(app.quit(), Some(Key::Quit));
+    }
+
+    #[test]
+    fn keys_map_from_crossterm() {
+        use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+        let k = |c, m| Key::from_event(&KeyEvent::new(c, m));
+        assert_eq!(k(KeyCode::Char('q'), KeyModifiers::NONE), Some(Key::Quit));
+        assert_eq!(
+            k(KeyCode::Char('c'), KeyModifiers::CONTROL),
+            Some(Key::Interrupt)
+        );
+        assert_eq!(k(KeyCode::Tab, KeyModifiers::NONE), Some(Key::Next));
+        assert_eq!(k(KeyCode::BackTab, KeyModifiers::SHIFT), Some(Key::Prev));
+        assert_eq!(k(KeyCode::Up, KeyModifiers::NONE), Some(Key::Prev));
+        assert_eq!(k(KeyCode::Char('p'), KeyModifiers::NONE), Some(Key::Pause));
+        assert_eq!(k(KeyCode::Char('r'), KeyModifiers::NONE), Some(Key::Reset));
+        assert_eq!(k(KeyCode::Char('x'), KeyModifiers::NONE), None);
+    }
+
+    #[test]
+    fn progress_ratio() {
+        let p = sample(&[]).progress;
+        assert_eq!(p.ratio(), Some(0.25));
+        assert_eq!(Progress::default().ratio(), None);
+    }
+}

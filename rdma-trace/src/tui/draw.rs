@@ -1,0 +1,257 @@
+//! Drawing the live view from an [`App`]: a header with the load's progress, the probe table
+//! (count, rate, p50, p99; the selected probe highlighted), the selected probe's pane with its
+//! histogram, and the self-overhead line. Pure: tested with ratatui's `TestBackend`.
+
+use ratatui::{
+    Frame,
+    layout::{Constraint, Layout, Rect},
+    style::{Color, Modifier, Style},
+    text::{Line, Span},
+    widgets::{Block, Gauge, Paragraph, Row, Table, TableState},
+};
+
+use super::app::App;
+use crate::{
+    hist::{human_ns, human_ns_f, plain},
+    probes::Unit,
+    report::ProbeReport,
+};
+
+/// A value in the probe's unit (`-` when absent).
+pub fn value(unit: Unit, v: Option<f64>) -> String {
+    match (unit, v) {
+        (_, None) => "-".to_owned(),
+        (Unit::Nanoseconds, Some(v)) => human_ns_f(v),
+        (Unit::Packets, Some(v)) => format!("{v:.0}"),
+    }
+}
+
+pub fn draw(f: &mut Frame, app: &App) {
+    let [header, body, footer] = Layout::vertical([
+        Constraint::Length(3),
+        Constraint::Min(6),
+        Constraint::Length(2),
+    ])
+    .areas(f.area());
+    draw_header(f, header, app);
+    let [list, pane] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(body);
+    draw_table(f, list, app);
+    draw_pane(f, pane, app);
+    draw_footer(f, footer, app);
+}
+
+fn draw_header(f: &mut Frame, area: Rect, app: &App) {
+    let p = &app.progress;
+    let mut title = format!(
+        " {} — {} — {:.1} s ",
+        app.title,
+        p.label,
+        p.elapsed.as_secs_f64()
+    );
+    if app.paused {
+        title.push_str("[PAUSED] ");
+    }
+    let block = Block::bordered().title(title);
+    let label = match (p.done, p.total) {
+        (Some(d), Some(t)) => format!(
+            "{d} / {t} iterations{}",
+            p.done_from.map(|w| format!(" (≈ {w})")).unwrap_or_default()
+        ),
+        (None, Some(t)) => format!("{t} iterations requested"),
+        _ => format!("{:.1} s", p.elapsed.as_secs_f64()),
+    };
+    let gauge = Gauge::default()
+        .block(block)
+        .gauge_style(Style::default().fg(Color::Green))
+        .ratio(p.ratio().unwrap_or(0.0))
+        .label(label);
+    f.render_widget(gauge, area);
+}
+
+fn draw_table(f: &mut Frame, area: Rect, app: &App) {
+    let header = Row::new(["probe", "count", "rate/s", "p50", "p99"])
+        .style(Style::default().add_modifier(Modifier::BOLD));
+    let rows = app.probes.iter().map(|r| match &r.skipped {
+        Some(_) => Row::new([r.name.to_owned(), "skipped".to_owned()])
+            .style(Style::default().fg(Color::DarkGray)),
+        None => Row::new([
+            r.name.to_owned(),
+            r.count.to_string(),
+            format!("{:.0}", r.rate),
+            value(r.unit, r.summary.p50),
+            value(r.unit, r.summary.p99),
+        ]),
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Min(16),
+            Constraint::Length(9),
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Length(8),
+        ],
+    )
+    .header(header)
+    .block(Block::bordered().title(" probes (Tab/↑↓) "))
+    .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED));
+    let mut state = TableState::default().with_selected(app.selected_index());
+    f.render_stateful_widget(table, area, &mut state);
+}
+
+/// Histogram rows as text lines with bars scaled to `width`.
+pub fn histogram_lines(r: &ProbeReport, width: usize) -> Vec<Line<'static>> {
+    let fmt: fn(u64) -> String = match r.unit {
+        Unit::Nanoseconds => human_ns,
+        Unit::Packets => plain,
+    };
+    let max = r.log2.iter().map(|b| b.count).max().unwrap_or(0);
+    r.log2
+        .iter()
+        .map(|b| {
+            let bar = if max == 0 {
+                0
+            } else {
+                (b.count as u128 * width as u128).div_ceil(max as u128) as usize
+            };
+            Line::from(vec![
+                Span::raw(format!(
+                    "{:<18} {:>8} ",
+                    format!("[{}, {})", fmt(b.lo), fmt(b.hi)),
+                    b.count
+                )),
+                Span::styled("█".repeat(bar), Style::default().fg(Color::Cyan)),
+            ])
+        })
+        .collect()
+}
+
+fn draw_pane(f: &mut Frame, area: Rect, app: &App) {
+    let Some(r) = app.selected_probe() else {
+        f.render_widget(
+            Paragraph::new("no probe attached").block(Block::bordered()),
+            area,
+        );
+        return;
+    };
+    let mut lines = vec![
+        Line::from(r.what),
+        Line::from(format!(
+            "via {}  count {}  rate {:.1}/s  unmatched {}",
+            r.attach.unwrap_or("-"),
+            r.count,
+            r.rate,
+            r.unmatched
+        )),
+        Line::from(format!(
+            "p50 {}  p90 {}  p99 {}  max {}",
+            value(r.unit, r.summary.p50),
+            value(r.unit, r.summary.p90),
+            value(r.unit, r.summary.p99),
+            value(r.unit, r.summary.max.map(|m| m as f64)),
+        )),
+        Line::from(""),
+    ];
+    if let Some(note) = r.note {
+        lines.push(Line::styled(note, Style::default().fg(Color::Yellow)));
+    }
+    let bar_width = (area.width as usize).saturating_sub(2 + 28).max(1);
+    lines.extend(histogram_lines(r, bar_width));
+    f.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(format!(" {} ", r.name))),
+        area,
+    );
+}
+
+fn draw_footer(f: &mut Frame, area: Rect, app: &App) {
+    let overhead = match &app.overhead {
+        Some(o) => {
+            let worst = o
+                .programs
+                .iter()
+                .filter_map(|p| p.ns_per_run.map(|n| (n, p)))
+                .max_by(|a, b| a.0.total_cmp(&b.0));
+            format!(
+                "overhead: eBPF {:.2} % CPU, {} programs{}; loader {:.1} % CPU, RSS {} KiB",
+                o.bpf_cpu_percent,
+                o.programs.len(),
+                worst
+                    .map(|(n, p)| format!(" (max {n:.0} ns/run: {})", p.target))
+                    .unwrap_or_default(),
+                o.loader_cpu_percent,
+                o.loader_peak_rss_kib
+            )
+        }
+        None => "overhead: -".to_owned(),
+    };
+    let keys = app
+        .status
+        .clone()
+        .unwrap_or_else(|| "q quit  Tab/↑↓ select  p pause  r reset".to_owned());
+    f.render_widget(
+        Paragraph::new(vec![
+            Line::from(overhead),
+            Line::styled(keys, Style::default().add_modifier(Modifier::BOLD)),
+        ]),
+        area,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use ratatui::{Terminal, backend::TestBackend};
+
+    use super::*;
+    use crate::tui::app::{Key, tests::sample};
+
+    fn screen(app: &App, w: u16, h: u16) -> String {
+        let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+        t.draw(|f| draw(f, app)).unwrap();
+        let buf = t.backend().buffer().clone();
+        (0..h)
+            .map(|y| {
+                (0..w)
+                    .map(|x| buf[(x, y)].symbol().to_owned())
+                    .collect::<String>()
+                    + "\n"
+            })
+            .collect()
+    }
+
+    #[test]
+    fn draws_table_pane_histogram_and_progress() {
+        let mut app = App::new("rdma-trace run");
+        app.update(sample(&[
+            ("rxe_rcv", 1200, false),
+            ("mlx5_eq_comp_int", 0, true),
+            ("softirq NET_RX", 800, false),
+        ]));
+        let s = screen(&app, 120, 24);
+        assert!(s.contains("event mode"), "{s}");
+        assert!(s.contains("250 / 1000 iterations"), "{s}");
+        assert!(s.contains("rxe_rcv") && s.contains("1200"), "{s}");
+        assert!(s.contains("skipped"), "{s}");
+        // The selected probe's pane: title, percentiles and histogram bars.
+        assert!(s.contains(" rxe_rcv "), "{s}");
+        assert!(s.contains("p99 9.0us"), "{s}");
+        assert!(s.contains("[1us, 2us)") && s.contains("█"), "{s}");
+        assert!(s.contains("q quit"), "{s}");
+
+        app.key(Key::Next);
+        app.key(Key::Pause);
+        let s = screen(&app, 120, 24);
+        assert!(s.contains(" softirq NET_RX "), "selection moved: {s}");
+        assert!(s.contains("[PAUSED]"), "{s}");
+    }
+
+    #[test]
+    fn tiny_terminals_do_not_panic() {
+        let mut app = App::new("t");
+        app.update(sample(&[("a", 3, false)]));
+        for (w, h) in [(1, 1), (10, 5), (40, 8)] {
+            let _ = screen(&app, w, h);
+        }
+        let _ = screen(&App::new("empty"), 80, 20);
+    }
+}

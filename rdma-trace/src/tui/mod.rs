@@ -1,0 +1,426 @@
+//! The live view: a ratatui screen when stdout is a terminal, text histograms each interval
+//! otherwise (or with `--no-tui`). [`Live::watch`] drives it from tokio: a refresh tick, keys,
+//! the traced command's exit, the duration, Ctrl-C and SIGTERM.
+//!
+//! The terminal is restored when [`Live`] drops (every return path, SIGTERM included), and by
+//! ratatui's panic hook after a panic. In raw mode Ctrl-C arrives as a key and ends the run as
+//! SIGINT would.
+
+pub mod app;
+pub mod draw;
+
+use std::{
+    io::{IsTerminal as _, Write as _},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use tokio::{
+    process::Child,
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
+
+pub use self::app::{App, Key, Progress, Sample};
+
+use crate::cmd::Window;
+
+/// Default refresh of the screen (4 Hz) and of the text view.
+pub const TUI_INTERVAL: Duration = Duration::from_millis(250);
+pub const TEXT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What feeds the view.
+pub trait Source {
+    /// Data since the last reset, `elapsed` into the window.
+    fn sample(&mut self, elapsed: Duration) -> Result<Sample>;
+    /// Start counting from now (key `r`).
+    fn reset(&mut self) -> Result<()>;
+}
+
+/// Where the view goes.
+pub enum Output {
+    Screen(Screen),
+    /// Text blocks each interval, to stdout or (when stdout carries JSON) stderr.
+    Text {
+        stderr: bool,
+    },
+    /// Nothing until the end.
+    Quiet,
+}
+
+pub struct Live {
+    pub app: App,
+    out: Output,
+    interval: Duration,
+}
+
+impl Live {
+    /// `screen`: try the ratatui screen (falls back to text if the terminal cannot be set up).
+    pub fn new(
+        title: &str,
+        screen: bool,
+        interval: Option<Duration>,
+        text_to_stderr: bool,
+    ) -> Self {
+        let out = if screen && std::io::stdout().is_terminal() {
+            match Screen::enter() {
+                Ok(s) => Output::Screen(s),
+                Err(e) => {
+                    eprintln!("rdma-trace: no live view ({e:#}); printing text instead");
+                    Output::Text {
+                        stderr: text_to_stderr,
+                    }
+                }
+            }
+        } else {
+            Output::Text {
+                stderr: text_to_stderr,
+            }
+        };
+        let interval = interval.unwrap_or(match out {
+            Output::Screen(_) => TUI_INTERVAL,
+            _ => TEXT_INTERVAL,
+        });
+        Self {
+            app: App::new(title),
+            out,
+            interval,
+        }
+    }
+
+    /// No per-interval output at all (tests).
+    #[cfg(test)]
+    pub fn quiet(title: &str) -> Self {
+        Self {
+            app: App::new(title),
+            out: Output::Quiet,
+            interval: TEXT_INTERVAL,
+        }
+    }
+
+    pub fn is_screen(&self) -> bool {
+        matches!(self.out, Output::Screen(_))
+    }
+
+    /// Refresh until `duration` passes, `child` exits, the user quits (`q`, window ended by
+    /// `quit`), Ctrl-C or SIGTERM. A child still running at the end is killed and reaped.
+    pub async fn watch(
+        &mut self,
+        src: &mut dyn Source,
+        duration: Option<Duration>,
+        mut child: Option<&mut Child>,
+    ) -> Result<Window> {
+        let start = tokio::time::Instant::now();
+        let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let (ended_by, status) = {
+            let sleep = async {
+                match duration {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let child_exit = async {
+                match child.as_deref_mut() {
+                    Some(c) => c.wait().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(sleep, child_exit);
+            loop {
+                let key = async {
+                    match &mut self.out {
+                        Output::Screen(s) => s.keys.recv().await,
+                        _ => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = &mut sleep => break ("duration", None),
+                    r = &mut child_exit => break ("command", Some(r.context("waiting for the command")?)),
+                    r = tokio::signal::ctrl_c() => { r.context("listening for Ctrl-C")?; break ("interrupted", None) }
+                    _ = term.recv() => break ("terminated", None),
+                    _ = tick.tick() => {
+                        let s = src.sample(start.elapsed())?;
+                        self.app.update(s);
+                        self.render()?;
+                    }
+                    Some(k) = key => {
+                        self.app.key(k);
+                        match self.app.quit() {
+                            Some(Key::Quit) => break ("quit", None),
+                            Some(_) => break ("interrupted", None),
+                            None => {}
+                        }
+                        if self.app.take_reset() {
+                            src.reset()?;
+                            let s = src.sample(start.elapsed())?;
+                            self.app.update(s);
+                        }
+                        self.render()?;
+                    }
+                }
+            }
+        };
+        if status.is_none()
+            && let Some(c) = child
+        {
+            let _ = c.start_kill();
+            let _ = c.wait().await;
+        }
+        // A last refresh so the screen shows the final counts.
+        if let Ok(s) = src.sample(start.elapsed()) {
+            self.app.update(s);
+        }
+        let command_status = status.map(|s| {
+            use std::os::unix::process::ExitStatusExt as _;
+            s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+        });
+        Ok(Window {
+            seconds: start.elapsed().as_secs_f64(),
+            ended_by,
+            command_status,
+        })
+    }
+
+    /// After the last window, on the screen: show `status` and wait for `q` (or Ctrl-C,
+    /// SIGTERM). Returns whether the user interrupted. Without a screen, returns at once.
+    pub async fn linger(&mut self, status: &str) -> Result<bool> {
+        if !self.is_screen() || self.app.quit().is_some() {
+            return Ok(false);
+        }
+        self.app.status = Some(format!("{status} — q to quit"));
+        self.render()?;
+        let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+        loop {
+            let Output::Screen(s) = &mut self.out else {
+                return Ok(false);
+            };
+            tokio::select! {
+                k = s.keys.recv() => match k {
+                    // No keyboard (stdin closed, no /dev/tty): nothing to wait for.
+                    None => return Ok(false),
+                    Some(k) => {
+                        self.app.key(k);
+                        match self.app.quit() {
+                            Some(Key::Quit) => return Ok(false),
+                            Some(_) => return Ok(true),
+                            None => {}
+                        }
+                        self.render()?;
+                    }
+                },
+                r = tokio::signal::ctrl_c() => { r.context("listening for Ctrl-C")?; return Ok(true) }
+                _ = term.recv() => return Ok(true),
+            }
+        }
+    }
+
+    fn render(&mut self) -> Result<()> {
+        match &mut self.out {
+            Output::Screen(s) => {
+                s.terminal
+                    .draw(|f| draw::draw(f, &self.app))
+                    .context("drawing the live view")?;
+            }
+            Output::Text { stderr } => {
+                let text = text_block(&self.app);
+                if *stderr {
+                    eprint!("{text}");
+                } else {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(text.as_bytes());
+                    let _ = out.flush();
+                }
+            }
+            Output::Quiet => {}
+        }
+        Ok(())
+    }
+
+    /// Leave the screen (also done on drop), so reports print on the normal terminal.
+    pub fn close(&mut self) {
+        if matches!(self.out, Output::Screen(_)) {
+            self.out = Output::Quiet;
+        }
+    }
+}
+
+/// The text view of one refresh: progress, then one line per attached probe that counted,
+/// with a sparkline of its log2 histogram.
+pub fn text_block(app: &App) -> String {
+    let p = &app.progress;
+    let mut out = format!("[{} {:.1} s", p.label, p.elapsed.as_secs_f64());
+    if let (Some(d), Some(t)) = (p.done, p.total) {
+        out.push_str(&format!(", ~{d}/{t} iterations"));
+    }
+    out.push_str("]\n");
+    for r in app
+        .probes
+        .iter()
+        .filter(|r| r.skipped.is_none() && r.count > 0)
+    {
+        out.push_str(&format!(
+            "  {:<24} {:>9} {:>9.1}/s p50 {:>8} p99 {:>8}  {}\n",
+            r.name,
+            r.count,
+            r.rate,
+            draw::value(r.unit, r.summary.p50),
+            draw::value(r.unit, r.summary.p99),
+            sparkline(r),
+        ));
+    }
+    if let Some(o) = &app.overhead {
+        out.push_str(&format!(
+            "  overhead: eBPF {:.2} % CPU, loader {:.1} % CPU, RSS {} KiB\n",
+            o.bpf_cpu_percent, o.loader_cpu_percent, o.loader_peak_rss_kib
+        ));
+    }
+    out
+}
+
+/// `▁▃█▂` over the log2 rows, with the first row's lower bound.
+fn sparkline(r: &crate::report::ProbeReport) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let max = r.log2.iter().map(|b| b.count).max().unwrap_or(0);
+    if max == 0 {
+        return String::new();
+    }
+    let bars: String = r
+        .log2
+        .iter()
+        .map(|b| {
+            if b.count == 0 {
+                ' '
+            } else {
+                BARS[((b.count * 7).div_ceil(max)) as usize]
+            }
+        })
+        .collect();
+    let lo = r.log2.first().map_or(0, |b| b.lo);
+    let lo = match r.unit {
+        crate::probes::Unit::Nanoseconds => crate::hist::human_ns(lo),
+        crate::probes::Unit::Packets => lo.to_string(),
+    };
+    format!("{lo} {bars}")
+}
+
+/// The ratatui terminal in raw mode on the alternate screen, and a thread reading keys.
+pub struct Screen {
+    terminal: ratatui::DefaultTerminal,
+    keys: mpsc::UnboundedReceiver<Key>,
+    stop: Arc<AtomicBool>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Screen {
+    fn enter() -> Result<Self> {
+        // try_init: raw mode, alternate screen, and a panic hook that restores the terminal.
+        let terminal = ratatui::try_init().context("setting up the terminal")?;
+        let (tx, keys) = mpsc::unbounded_channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let reader = std::thread::Builder::new()
+            .name("keys".into())
+            .spawn(move || {
+                use crossterm::event::{Event, poll, read};
+                while !flag.load(Ordering::Relaxed) {
+                    match poll(Duration::from_millis(50)) {
+                        Ok(true) => match read() {
+                            Ok(Event::Key(k)) => {
+                                if let Some(k) = Key::from_event(&k)
+                                    && tx.send(k).is_err()
+                                {
+                                    break;
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(_) => break,
+                        },
+                        Ok(false) => {}
+                        Err(_) => break, // no keyboard: the sender drops, recv() says None
+                    }
+                }
+            })
+            .context("starting the key reader")?;
+        Ok(Self {
+            terminal,
+            keys,
+            stop,
+            reader: Some(reader),
+        })
+    }
+}
+
+impl Drop for Screen {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let _ = self.terminal.show_cursor();
+        ratatui::restore();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tui::app::tests::sample;
+
+    #[test]
+    fn text_view_lists_counting_probes_with_sparklines() {
+        let mut app = App::new("t");
+        app.update(sample(&[
+            ("rxe_rcv", 400, false),
+            ("idle", 0, false),
+            ("gone", 0, true),
+        ]));
+        let t = text_block(&app);
+        assert!(
+            t.starts_with("[event mode 2.0 s, ~250/1000 iterations]"),
+            "{t}"
+        );
+        assert!(t.contains("rxe_rcv") && t.contains("400"), "{t}");
+        assert!(!t.contains("idle") && !t.contains("gone"), "{t}");
+        assert!(t.contains("1us █▄"), "{t}");
+    }
+
+    struct Counter(u64, u64);
+    impl Source for Counter {
+        fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
+            self.0 += 1;
+            let mut s = sample(&[("n", self.0, false)]);
+            s.progress.elapsed = elapsed;
+            Ok(s)
+        }
+        fn reset(&mut self) -> Result<()> {
+            self.1 += 1;
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn watch_refreshes_until_the_duration() {
+        let mut live = Live::quiet("t");
+        live.interval = Duration::from_millis(20);
+        let mut src = Counter(0, 0);
+        let w = live
+            .watch(&mut src, Some(Duration::from_millis(300)), None)
+            .await
+            .unwrap();
+        assert_eq!(w.ended_by, "duration");
+        assert!(w.seconds >= 0.3, "{}", w.seconds);
+        // Ticks at 0, 20, 40, ... ms (some may be skipped on a busy machine), and a final one.
+        assert!(src.0 >= 3, "{} refreshes", src.0);
+        assert_eq!(
+            live.app.probes[0].count, src.0,
+            "the app shows the last sample"
+        );
+        assert_eq!(src.1, 0, "no reset without the key");
+    }
+}
