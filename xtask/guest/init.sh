@@ -83,7 +83,16 @@ mount -t 9p -o "$opts" results "$RESULTS_DIR" || warn "mounting the results dir 
 
 cd "$VM_WORKSPACE" || cd /
 ulimit -l unlimited
-/bin/bash /vm/cmd.sh </dev/null
+if [ "$VM_INTERACTIVE" = 1 ]; then
+    # The host's terminal is on ttyS0: give the command a session with it as controlling
+    # terminal (keys, Ctrl-C, the live view) and the host window's size.
+    if [ -n "$LINES" ] && [ -n "$COLUMNS" ]; then
+        busybox stty -F /dev/ttyS0 rows "$LINES" cols "$COLUMNS" 2>/dev/null
+    fi
+    busybox setsid -c /bin/bash /vm/cmd.sh </dev/ttyS0 >/dev/ttyS0 2>&1
+else
+    /bin/bash /vm/cmd.sh </dev/null
+fi
 rc=$?
 echo "@@RDMA_VM_EXIT=$rc@@"
 cd /

@@ -1,10 +1,10 @@
 //! `cargo xtask run [--kernel K] [--release] [-- ARGS]`: the main job. Builds everything (the
 //! eBPF object, then the workspace), then runs `rdma-trace run --mode event ARGS`:
 //! - natively where this machine has an RDMA device (the live view is on this terminal);
-//! - otherwise in the Soft-RoCE guest (`cargo xtask vm`). The guest's console is a serial line
-//!   that xtask relays line by line, without a keyboard, so there `rdma-trace` shows its text
-//!   view: a block of histograms per interval, then the report. The host terminal's size and
-//!   TERM go along (COLUMNS, LINES, TERM), so the text fits the window.
+//! - otherwise in the Soft-RoCE guest (`cargo xtask vm`). On a terminal, the guest's serial
+//!   console is connected to it (keys in, screen bytes out, the window's size and TERM passed
+//!   along), so the live view works there too; when stdout is not a terminal, `rdma-trace`
+//!   prints its text view: a block of histograms per interval, then the report.
 
 use std::{path::Path, process::Command, time::Duration};
 
@@ -87,8 +87,10 @@ pub fn run(args: &Args) -> Result<i32> {
     } else {
         "no RDMA device on this machine: running in the Soft-RoCE guest"
     });
-    // The guest console has no keyboard and is relayed by lines: the text view.
-    if !cmd.iter().any(|a| a == "--no-tui") {
+    // On a terminal the guest's console becomes this terminal and shows the live view;
+    // otherwise (a pipe, CI) rdma-trace prints its text view.
+    let interactive = vm::on_terminal();
+    if !interactive && !cmd.iter().any(|a| a == "--no-tui") {
         cmd.push("--no-tui".to_owned());
     }
     pass_terminal_size();
@@ -97,6 +99,7 @@ pub fn run(args: &Args) -> Result<i32> {
         timeout: Duration::from_secs(args.timeout),
         cmd,
         profile: profile.into(),
+        interactive,
         ..GuestRun::default()
     })
 }

@@ -28,6 +28,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "xz-utils",
     "zstd",
+    // Tests of the live view drive it in tmux.
+    "tmux",
 ];
 
 /// The rustup name under which Debian's toolchain is linked.

@@ -3,7 +3,8 @@
 //! Layers: `cargo fmt --check`; the eBPF object; clippy `-D warnings` on all targets, including
 //! the `host` and `guest` test targets; unit and CLI tests (`cargo test`); host eBPF tests (the
 //! `host` targets; root); guest tests (the `guest` targets) inside the QEMU test bed on Debian
-//! 6.1 and 6.12. A layer is skipped only when a flag asks for it, and the summary says so.
+//! 6.1 and 6.12; the main job (`cargo xtask run`) driven in tmux: live view up, `q` quits.
+//! A layer is skipped only when a flag asks for it, and the summary says so.
 
 use std::{
     io::{BufRead, BufReader},
@@ -114,6 +115,12 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
 
+    if args.skip_guest {
+        skip(&mut steps, "main job in tmux", "--skip-guest was given");
+    } else {
+        step(&mut steps, "main job in tmux", live_view_in_tmux);
+    }
+
     println!(
         "\n===== cargo xtask test: summary ({:.0} s) =====",
         t0.elapsed().as_secs_f64()
@@ -196,6 +203,68 @@ fn echo_summaries(input: impl BufRead) -> Vec<String> {
         }
     }
     summaries
+}
+
+/// `cargo xtask run` (the README's main job) in a tmux window: the live view comes up in the
+/// guest with counts, and `q` ends it with status 0.
+fn live_view_in_tmux() -> Result<Vec<String>> {
+    let socket = format!("xtask-test-{}", std::process::id());
+    let tmux = |args: &[&str]| -> Result<String> {
+        let out = Command::new("tmux")
+            .args(["-L", &socket])
+            .args(args)
+            .output()
+            .context("running tmux (cargo xtask setup installs it)")?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    struct KillServer<'a>(&'a dyn Fn(&[&str]) -> Result<String>);
+    impl Drop for KillServer<'_> {
+        fn drop(&mut self) {
+            let _ = (self.0)(&["kill-server"]);
+        }
+    }
+    let exit_file = target_dir().join("vm-results/tmux-main-job.exit");
+    let _ = std::fs::remove_file(&exit_file);
+    let exe = std::env::current_exe().context("locating xtask")?;
+    let script = format!(
+        "{} run -- -i 1000000; echo $? > {}; sleep 120",
+        vm::shell_quote(&exe.to_string_lossy()),
+        vm::shell_quote(&exit_file.to_string_lossy())
+    );
+    tmux(&["new-session", "-d", "-x", "130", "-y", "45", &script])?;
+    let _guard = KillServer(&tmux);
+    let start = Instant::now();
+    let count = loop {
+        let screen = tmux(&["capture-pane", "-p"])?;
+        let count = screen.lines().find_map(|l| {
+            let rest = &l[l.find("rxe_cq_post ")?..];
+            rest.split_whitespace().nth(1)?.parse::<u64>().ok()
+        });
+        if let Some(n) = count.filter(|&n| n > 0) {
+            break n;
+        }
+        if start.elapsed() > Duration::from_secs(300) {
+            bail!("the live view never showed rxe_cq_post counting; the screen:\n{screen}");
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    tmux(&["send-keys", "q"])?;
+    let start = Instant::now();
+    let status = loop {
+        if let Ok(s) = std::fs::read_to_string(&exit_file) {
+            break s.trim().to_owned();
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!("`cargo xtask run` did not end after q");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    if status != "0" {
+        bail!("`cargo xtask run` ended with status {status} after q");
+    }
+    Ok(vec![format!(
+        "live view in the guest: rxe_cq_post counted {count}; q ended it with status 0"
+    )])
 }
 
 /// `(package, target)` for every integration-test target named `host` or `guest`: they have

@@ -72,6 +72,10 @@ pub struct Args {
     /// Boot the bench image (the test bed plus bpftrace and bpftool; give it --mem 3072).
     #[arg(long)]
     bench_image: bool,
+    /// Give the command this terminal (keys in, screen out), e.g. for the live view. Needs
+    /// stdin and stdout to be terminals.
+    #[arg(short = 't', long)]
+    interactive: bool,
     /// The command to run in the guest (after `--`).
     #[arg(
         trailing_var_arg = true,
@@ -116,6 +120,9 @@ pub struct GuestRun {
     pub profile: String,
     /// No init after this: kill (exit status 126).
     pub boot_timeout: Duration,
+    /// The guest command gets this terminal: keys go in, bytes come out unchanged (for the
+    /// live view). Only when stdin and stdout are terminals.
+    pub interactive: bool,
     pub mem_mib: u32,
     /// Use the bench image: the test bed plus bpftrace and bpftool (`packages::BENCH_EXTRA`),
     /// cached separately. Give it 3 GiB of memory.
@@ -132,6 +139,7 @@ impl Default for GuestRun {
             boot_timeout: Duration::from_secs(60),
             mem_mib: 2048,
             bench: false,
+            interactive: false,
         }
     }
 }
@@ -155,7 +163,14 @@ pub fn run(args: &Args) -> Result<i32> {
         boot_timeout: Duration::from_secs(args.boot_timeout),
         mem_mib: args.mem,
         bench: args.bench_image,
+        interactive: args.interactive,
     })
+}
+
+/// Both stdin and stdout are terminals (an interactive guest makes sense).
+pub fn on_terminal() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
 }
 
 /// Prepares the cached images if needed, boots the guest, runs `r.cmd`, and returns its exit
@@ -164,6 +179,11 @@ pub fn run_in_guest(r: &GuestRun) -> Result<i32> {
     let started = Instant::now();
     if r.cmd.is_empty() {
         bail!("no guest command given");
+    }
+    if r.interactive && !on_terminal() {
+        bail!(
+            "an interactive guest needs stdin and stdout to be a terminal; drop -t/--interactive"
+        );
     }
     let base = {
         let _lock = CacheLock::acquire(&image::vm_cache())?;
@@ -186,6 +206,11 @@ pub fn run_in_guest(r: &GuestRun) -> Result<i32> {
         &results,
         target_share.then_some(target.as_path()),
     );
+    let env_sh = if r.interactive {
+        env_sh + "export VM_INTERACTIVE=1\n"
+    } else {
+        env_sh
+    };
     let script = format!("{}\n", command_script(&r.cmd));
 
     let run_dir = TempDir::new(&image::vm_cache().join("runs"))?;
@@ -219,6 +244,7 @@ pub fn run_in_guest(r: &GuestRun) -> Result<i32> {
         shares: &shares,
         boot_timeout: r.boot_timeout,
         deadline,
+        interactive: r.interactive,
     };
     say(format!(
         "booting {} ({}), prepared in {:.1} s",

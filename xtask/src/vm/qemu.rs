@@ -2,7 +2,7 @@
 
 use std::{
     fs::OpenOptions,
-    io::{self, BufRead as _, BufReader, Write as _},
+    io::{self, BufRead as _, BufReader, Read as _, Write as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::mpsc::{self, RecvTimeoutError},
@@ -88,6 +88,8 @@ pub struct Boot<'a> {
     pub boot_timeout: Duration,
     /// The whole run ends here.
     pub deadline: Instant,
+    /// Connect this terminal to the guest's console: keys in, bytes out unchanged.
+    pub interactive: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -138,10 +140,19 @@ fn command(b: &Boot, accel: Accel) -> Command {
     .args([
         "-append",
         "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init",
-        "-serial",
-        "stdio",
         "-no-reboot",
     ]);
+    if b.interactive {
+        // QEMU puts the terminal in raw mode; Ctrl-C goes to the guest, not to QEMU.
+        c.args([
+            "-chardev",
+            "stdio,id=console,signal=off",
+            "-serial",
+            "chardev:console",
+        ]);
+    } else {
+        c.args(["-serial", "stdio"]);
+    }
     for (i, s) in b.shares.iter().enumerate() {
         let ro = if s.readonly { ",readonly=on" } else { "" };
         c.arg("-fsdev").arg(format!(
@@ -151,10 +162,53 @@ fn command(b: &Boot, accel: Accel) -> Command {
         c.arg("-device")
             .arg(format!("virtio-9p-pci,fsdev=fs{i},mount_tag={}", s.tag));
     }
-    c.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    c.stdin(if b.interactive {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
     c
+}
+
+/// Restores the terminal settings of stdin when dropped (QEMU changes them in interactive
+/// mode, and a killed QEMU cannot put them back).
+struct TermRestore(Option<libc::termios>);
+
+impl TermRestore {
+    fn save(interactive: bool) -> Self {
+        if !interactive {
+            return Self(None);
+        }
+        // SAFETY: an all-zero termios is a valid value to be overwritten by tcgetattr.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: fd 0 and a valid, writable termios; failure (not a terminal) is checked.
+        let ok = unsafe { libc::tcgetattr(0, &mut t) } == 0;
+        Self(ok.then_some(t))
+    }
+}
+
+impl Drop for TermRestore {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            // SAFETY: fd 0 and the termios tcgetattr filled in.
+            unsafe { libc::tcsetattr(0, libc::TCSANOW, t) };
+        }
+    }
+}
+
+/// How many bytes at the end of `buf` could be the start of a console marker (kept back
+/// until the marker completes or turns out to be text).
+fn marker_prefix_len(buf: &[u8]) -> usize {
+    const START: &[u8] = b"@@RDMA_VM_";
+    if let Some(at) = find(buf, START) {
+        return buf.len() - at;
+    }
+    (1..START.len().min(buf.len() + 1))
+        .rev()
+        .find(|&k| buf.ends_with(&START[..k]))
+        .unwrap_or(0)
 }
 
 /// Boots once; streams the console (without `\r` and the markers) to stdout.
@@ -166,11 +220,21 @@ pub fn boot(b: &Boot, accel: Accel) -> Result<Outcome> {
     })?);
     let stdout = child.0.stdout.take().context("qemu stdout")?;
     let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    let interactive = b.interactive;
+    let _term = TermRestore::save(interactive);
     let reader = thread::spawn(move || {
         let mut r = BufReader::new(stdout);
         loop {
             let mut line = Vec::new();
-            match r.read_until(b'\n', &mut line) {
+            // Interactive: whatever arrives, at once (a screen is not made of lines).
+            let read = if interactive {
+                let mut buf = [0u8; 4096];
+                r.read(&mut buf)
+                    .inspect(|&n| line.extend_from_slice(&buf[..n]))
+            } else {
+                r.read_until(b'\n', &mut line)
+            };
+            match read {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
                     if tx.send(line).is_err() {
@@ -185,6 +249,7 @@ pub fn boot(b: &Boot, accel: Accel) -> Result<Outcome> {
     let mut booted: Option<Duration> = None;
     let mut exit: Option<(i32, Instant)> = None;
     let mut out = io::stdout().lock();
+    let mut carry: Vec<u8> = Vec::new();
     let outcome = loop {
         let limit = match (exit, booted) {
             (Some((_, at)), _) => (at + POWEROFF_GRACE).min(b.deadline),
@@ -192,6 +257,26 @@ pub fn boot(b: &Boot, accel: Accel) -> Result<Outcome> {
             (None, Some(_)) => b.deadline,
         };
         match rx.recv_timeout(limit.saturating_duration_since(Instant::now())) {
+            Ok(chunk) if interactive => {
+                if exit.is_some() {
+                    continue; // power-off noise
+                }
+                carry.extend_from_slice(&chunk);
+                if let Some(at) = find(&carry, BOOTED) {
+                    booted.get_or_insert(start.elapsed());
+                    carry.drain(at..at + BOOTED.len());
+                }
+                if let Some((prefix, status)) = parse_exit(&carry) {
+                    out.write_all(prefix)?;
+                    out.flush()?;
+                    exit = Some((status, Instant::now()));
+                    continue;
+                }
+                let keep = marker_prefix_len(&carry);
+                out.write_all(&carry[..carry.len() - keep])?;
+                out.flush()?;
+                carry.drain(..carry.len() - keep);
+            }
             Ok(mut line) => {
                 line.retain(|&c| c != b'\r');
                 if exit.is_some() {
@@ -276,6 +361,18 @@ mod tests {
         assert_eq!(parse_exit(b"@@RDMA_VM_EXIT=@@"), None);
         assert_eq!(parse_exit(b"@@RDMA_VM_EXIT=1x@@"), None);
         assert_eq!(parse_exit(b"hello\n"), None);
+    }
+
+    #[test]
+    fn marker_prefixes_are_held_back() {
+        assert_eq!(marker_prefix_len(b"plain text"), 0);
+        assert_eq!(marker_prefix_len(b"text @"), 1);
+        assert_eq!(marker_prefix_len(b"text @@RDMA"), 6);
+        assert_eq!(
+            marker_prefix_len(b"text @@RDMA_VM_EXIT=1"),
+            "@@RDMA_VM_EXIT=1".len()
+        );
+        assert_eq!(marker_prefix_len(b"a@b"), 0);
     }
 
     #[test]
