@@ -23,7 +23,7 @@ use serde::Serialize;
 use crate::completion::{CompletionError, Completions, Mode, expect};
 use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
-use crate::exchange::{self, ConnInfo, Demo, ExchangeError, RemoteBuf};
+use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
 use crate::stats::{self, Summary, Totals};
 use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
 
@@ -116,23 +116,6 @@ impl Report {
     }
 }
 
-fn check_iterations(
-    p: Params,
-    theirs: &ConnInfo,
-    stream: &std::net::TcpStream,
-) -> Result<(), ExchangeError> {
-    if theirs.iterations != p.iterations {
-        return Err(ExchangeError::Mismatch {
-            peer: exchange::peer_name(stream),
-            what: format!(
-                "peer runs -i {}, we run -i {} (use the same on both sides)",
-                theirs.iterations, p.iterations
-            ),
-        });
-    }
-    Ok(())
-}
-
 /// Server: accepts `clients` clients, waits for all their final SENDs, checks the words.
 pub fn server(
     opts: &EndpointOptions,
@@ -184,7 +167,7 @@ pub fn server(
         let mut stream = exchange::accept(listener, opts.timeout)?;
         let theirs = exchange::receive(&mut stream, opts.timeout)?;
         if let Err(e) = exchange::check_peer(&stream, &ours, &theirs)
-            .and_then(|()| check_iterations(p, &theirs, &stream))
+            .and_then(|()| exchange::check_same_run(&stream, &theirs, p.iterations, None))
         {
             let _ = exchange::send(&mut stream, &ours, opts.timeout);
             return Err(e.into());
@@ -311,7 +294,7 @@ pub fn client(
     let peer = {
         let mut stream = exchange::connect(host, port, opts.timeout)?;
         let theirs = exchange::exchange(&mut stream, &ours, opts.timeout)?;
-        check_iterations(p, &theirs, &stream)?;
+        exchange::check_same_run(&stream, &theirs, p.iterations, None)?;
         theirs
     };
     let id = peer.client_id;

@@ -432,6 +432,33 @@ pub fn exchange(
     Ok(theirs)
 }
 
+/// Both sides must run the same `-i` (and the same `-S` when `size` is given), as perftest's
+/// tools require.
+pub fn check_same_run(
+    stream: &TcpStream,
+    theirs: &ConnInfo,
+    iterations: u32,
+    size: Option<u32>,
+) -> Result<(), ExchangeError> {
+    if theirs.iterations == iterations && size.is_none_or(|s| s == theirs.size) {
+        return Ok(());
+    }
+    let what = match size {
+        Some(s) => format!(
+            "peer runs -i {} -S {}, we run -i {iterations} -S {s} (use the same on both sides)",
+            theirs.iterations, theirs.size
+        ),
+        None => format!(
+            "peer runs -i {}, we run -i {iterations} (use the same on both sides)",
+            theirs.iterations
+        ),
+    };
+    Err(ExchangeError::Mismatch {
+        peer: peer_name(stream),
+        what,
+    })
+}
+
 /// The name of the peer, for messages.
 pub fn peer_name(stream: &TcpStream) -> String {
     stream

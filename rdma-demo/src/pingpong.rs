@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::completion::{Completions, Mode, expect};
 use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
-use crate::exchange::{self, ConnInfo, Demo, ExchangeError};
+use crate::exchange::{self, ConnInfo, Demo};
 use crate::stats::{self, Summary, Totals};
 use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
 
@@ -194,23 +194,6 @@ impl Side {
     }
 }
 
-fn check_params(
-    stream: &std::net::TcpStream,
-    ours: Params,
-    theirs: &ConnInfo,
-) -> Result<(), ExchangeError> {
-    if theirs.iterations != ours.iterations || theirs.size != ours.size {
-        return Err(ExchangeError::Mismatch {
-            peer: exchange::peer_name(stream),
-            what: format!(
-                "peer runs -i {} -S {}, we run -i {} -S {} (use the same on both sides)",
-                theirs.iterations, theirs.size, ours.iterations, ours.size
-            ),
-        });
-    }
-    Ok(())
-}
-
 /// Client side: connects to `host:port`, then runs the ping-pong.
 pub fn client(
     opts: &EndpointOptions,
@@ -223,7 +206,7 @@ pub fn client(
     let peer = {
         let mut stream = exchange::connect(host, port, opts.timeout)?;
         let theirs = exchange::exchange(&mut stream, &ours, opts.timeout)?;
-        check_params(&stream, p, &theirs)?;
+        exchange::check_same_run(&stream, &theirs, p.iterations, Some(p.size))?;
         theirs
         // The TCP connection closes here, before the data phase.
     };
@@ -276,7 +259,7 @@ pub fn server(
         let mut stream = exchange::accept(listener, opts.timeout)?;
         let theirs = exchange::receive(&mut stream, opts.timeout)?;
         let checked = exchange::check_peer(&stream, &ours, &theirs)
-            .and_then(|()| check_params(&stream, p, &theirs));
+            .and_then(|()| exchange::check_same_run(&stream, &theirs, p.iterations, Some(p.size)));
         if let Err(e) = checked {
             // Tell the client too; it reports the mismatch from its side.
             let _ = exchange::send(&mut stream, &ours, opts.timeout);

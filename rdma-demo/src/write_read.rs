@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::completion::{Completions, Mode, expect};
 use crate::endpoint::{Endpoint, EndpointOptions, Fault, random_psn};
 use crate::error::DemoError;
-use crate::exchange::{self, ConnInfo, Demo, ExchangeError, RemoteBuf};
+use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
 use crate::stats::{self, Summary, Totals};
 use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
 
@@ -96,23 +96,6 @@ impl Report {
     }
 }
 
-fn mismatch(
-    params: Params,
-    theirs: &ConnInfo,
-    stream: &std::net::TcpStream,
-) -> Result<(), ExchangeError> {
-    if theirs.iterations != params.iterations || theirs.size != params.size {
-        return Err(ExchangeError::Mismatch {
-            peer: exchange::peer_name(stream),
-            what: format!(
-                "peer runs -i {} -S {}, we run -i {} -S {} (use the same on both sides)",
-                theirs.iterations, theirs.size, params.iterations, params.size
-            ),
-        });
-    }
-    Ok(())
-}
-
 /// Server: exposes a buffer, waits for the client's final SEND, checks the last pattern.
 pub fn server(
     opts: &EndpointOptions,
@@ -173,7 +156,7 @@ pub fn server(
         let mut stream = exchange::accept(listener, opts.timeout)?;
         let theirs = exchange::receive(&mut stream, opts.timeout)?;
         if let Err(e) = exchange::check_peer(&stream, &ours, &theirs)
-            .and_then(|()| mismatch(p, &theirs, &stream))
+            .and_then(|()| exchange::check_same_run(&stream, &theirs, p.iterations, Some(p.size)))
         {
             let _ = exchange::send(&mut stream, &ours, opts.timeout);
             return Err(e.into());
@@ -276,7 +259,7 @@ pub fn client(
     let peer = {
         let mut stream = exchange::connect(host, port, opts.timeout)?;
         let theirs = exchange::exchange(&mut stream, &ours, opts.timeout)?;
-        mismatch(p, &theirs, &stream)?;
+        exchange::check_same_run(&stream, &theirs, p.iterations, Some(p.size))?;
         theirs
     };
     let remote = match peer.buffer {
