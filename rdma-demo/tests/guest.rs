@@ -566,6 +566,32 @@ fn mtu_mismatch_fails_both_sides() {
 }
 
 #[test]
+fn different_runs_on_the_two_sides_are_refused() {
+    for (demo, port, extra) in [
+        ("pingpong", "18620", &["-S", "64"][..]),
+        ("write-read", "18621", &["-S", "64"][..]),
+        ("atomic", "18622", &[][..]),
+    ] {
+        let mut server_args = vec![demo, "-s", "-d", "rxe1", "-p", port, "-i", "10"];
+        server_args.extend(extra);
+        let server = spawn(&server_args);
+        let mut client_args = vec![demo, "-d", "rxe0", "-p", port, "-i", "20"];
+        client_args.extend(extra);
+        client_args.push("127.0.0.1");
+        let out = rdma_demo(&client_args);
+        assert_eq!(out.status.code(), Some(6), "{demo} client");
+        let line = one_error_line(&out);
+        assert!(
+            line.contains("we run -i 20") && line.contains("use the same on both sides"),
+            "{line}"
+        );
+        let (s, _) = wait_within(server, Duration::from_secs(15), "server");
+        assert_eq!(s.status.code(), Some(6), "{demo} server");
+        assert!(one_error_line(&s).contains("we run -i 10"), "{demo} server");
+    }
+}
+
+#[test]
 fn peer_dies_mid_run_in_event_mode() {
     // The client first: it retries connecting, so the server (whose short --timeout also
     // bounds its accept) connects at once however slowly the guest starts processes.
