@@ -80,26 +80,28 @@ pub enum DevicesError {
     Verbs(#[from] VerbsError),
 }
 
+/// The devices libibverbs sees; none is an error that says why (what sysfs shows, what to do).
+pub fn device_list() -> Result<DeviceList, DevicesError> {
+    let sysfs = Sysfs::default();
+    match DeviceList::new() {
+        Ok(list) if !list.is_empty() => Ok(list),
+        Ok(_) => Err(DevicesError::NoDevices(no_device_reason(
+            &sysfs,
+            &sysfs.scan(),
+            None,
+        ))),
+        Err(e) => Err(DevicesError::NoDevices(no_device_reason(
+            &sysfs,
+            &sysfs.scan(),
+            Some(&e),
+        ))),
+    }
+}
+
 /// Gathers the report for all devices, or only for `only`.
 pub fn collect(only: Option<&str>) -> Result<Inventory, DevicesError> {
     let sysfs = Sysfs::default();
-    let list = match DeviceList::new() {
-        Ok(list) if !list.is_empty() => list,
-        Ok(_) => {
-            return Err(DevicesError::NoDevices(no_device_reason(
-                &sysfs,
-                &sysfs.scan(),
-                None,
-            )));
-        }
-        Err(e) => {
-            return Err(DevicesError::NoDevices(no_device_reason(
-                &sysfs,
-                &sysfs.scan(),
-                Some(&e),
-            )));
-        }
-    };
+    let list = device_list()?;
     let devices: Vec<Device<'_>> = match only {
         None => list.iter().collect(),
         Some(name) => match list.find(name) {

@@ -5,13 +5,12 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::completion::Mode;
-use crate::devices::{DevicesError, no_device_reason};
+use crate::devices::{DevicesError, device_list};
 use crate::error::DemoError;
 use crate::exchange::{ConnInfo, Demo, RemoteBuf};
-use crate::sysfs::Sysfs;
 use crate::verbs::{
-    CompletionChannel, CompletionQueue, Context, DeviceList, Gid, LinkLayer, Mtu, PathParams,
-    PortState, ProtectionDomain, QueuePair,
+    CompletionChannel, CompletionQueue, Context, Gid, LinkLayer, Mtu, PathParams, PortState,
+    ProtectionDomain, QueuePair,
 };
 
 /// Where and how to open an endpoint.
@@ -65,24 +64,7 @@ pub struct Endpoint {
 const ACK_TIMEOUT_EXP: u8 = 14;
 
 fn open_context(name: Option<&str>) -> Result<Context, DevicesError> {
-    let sysfs = Sysfs::default();
-    let list = match DeviceList::new() {
-        Ok(list) if !list.is_empty() => list,
-        Ok(_) => {
-            return Err(DevicesError::NoDevices(no_device_reason(
-                &sysfs,
-                &sysfs.scan(),
-                None,
-            )));
-        }
-        Err(e) => {
-            return Err(DevicesError::NoDevices(no_device_reason(
-                &sysfs,
-                &sysfs.scan(),
-                Some(&e),
-            )));
-        }
-    };
+    let list = device_list()?;
     let dev = match name {
         None => list.iter().next(),
         Some(n) => list.find(n),
