@@ -1,8 +1,8 @@
 //! Layout shared by the eBPF programs (`rdma-trace-ebpf`) and the loader (`rdma-trace`).
 //!
-//! The loader numbers the probes it attaches (`0..MAX_PROBES`). Every probe owns a row of
-//! [`HIST_SLOTS`] histogram slots in the per-CPU array `HIST` and [`NR_COUNTERS`] counters in
-//! `COUNTS`; the loader sums the CPUs. What each attached program feeds is decided at load time
+//! The loader numbers the probes it attaches (`0..MAX_PROBES`). Every probe owns one
+//! [`ProbeRow`] (counters and histogram slots) in the per-CPU array `ROWS`; the loader sums the
+//! CPUs. What each attached program feeds is decided at load time
 //! through read-only globals (`KSLOTS`, `SOFTIRQ_PROBE`, ...), so the programs stay generic.
 #![no_std]
 
@@ -73,16 +73,15 @@ impl KSlot {
 /// Interval `i`'s probe (entry `i` of the `INTERVAL_PROBE` global).
 pub type IntervalProbes = [u32; MAX_INTERVALS as usize];
 
-/// Index of histogram slot `slot` of probe `probe` in `HIST`.
-#[inline(always)]
-pub const fn hist_index(probe: u32, slot: u32) -> u32 {
-    probe * HIST_SLOTS + slot
-}
-
-/// Index of counter `counter` (`C_*`) of probe `probe` in `COUNTS`.
-#[inline(always)]
-pub const fn counter_index(probe: u32, counter: u32) -> u32 {
-    probe * NR_COUNTERS + counter
+/// Everything one probe records on one CPU: one value of the per-CPU array `ROWS`, so the
+/// loader reads a probe with a single lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeRow {
+    /// C_EVENTS, C_RECORDED, C_UNMATCHED.
+    pub counters: [u64; NR_COUNTERS as usize],
+    /// Histogram slots (see [`hist_slot`]).
+    pub slots: [u64; HIST_SLOTS as usize],
 }
 
 /// floor(log2(v)) for v > 0 (0 for 0), without count-leading-zeros: BPF has no such instruction.
@@ -146,6 +145,8 @@ pub const fn slot_bounds(slot: u32) -> (u64, u64) {
 mod user {
     // SAFETY: KSlot is repr(C), Copy, made of u32s with no padding: any bit pattern is valid.
     unsafe impl aya::Pod for super::KSlot {}
+    // SAFETY: ProbeRow is repr(C), Copy, made of u64 arrays with no padding.
+    unsafe impl aya::Pod for super::ProbeRow {}
 }
 
 #[cfg(test)]
@@ -202,16 +203,12 @@ mod tests {
     }
 
     #[test]
-    fn indexes_do_not_overlap() {
-        assert_eq!(hist_index(1, 0), HIST_SLOTS);
+    fn a_probe_row_fits_a_per_cpu_map_value() {
+        // The kernel caps a per-CPU value at 32 KiB.
+        assert!(core::mem::size_of::<ProbeRow>() <= 32 * 1024);
         assert_eq!(
-            hist_index(MAX_PROBES - 1, HIST_SLOTS - 1),
-            MAX_PROBES * HIST_SLOTS - 1
-        );
-        assert_eq!(counter_index(1, C_EVENTS), NR_COUNTERS);
-        assert_eq!(
-            counter_index(MAX_PROBES - 1, C_UNMATCHED),
-            MAX_PROBES * NR_COUNTERS - 1
+            core::mem::size_of::<ProbeRow>(),
+            8 * (NR_COUNTERS + HIST_SLOTS) as usize
         );
     }
 }

@@ -29,9 +29,8 @@ use aya_ebpf::{
     programs::{FEntryContext, FExitContext, ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use rdma_trace_common::{
-    C_EVENTS, C_RECORDED, C_UNMATCHED, HIST_SLOTS, IntervalProbes, KSlot, MAX_INTERVALS, MAX_IRQS,
-    MAX_KSLOTS, MAX_PROBES, NO_PROBE, NR_COUNTERS, NR_SOFTIRQS, counter_index, hist_index,
-    hist_slot,
+    C_EVENTS, C_RECORDED, C_UNMATCHED, IntervalProbes, KSlot, MAX_INTERVALS, MAX_IRQS, MAX_KSLOTS,
+    MAX_PROBES, NO_PROBE, NR_SOFTIRQS, ProbeRow, hist_slot,
 };
 
 // ---- configuration, set by the loader before load (read-only for the programs)
@@ -61,12 +60,9 @@ fn config<T: Copy>(v: &T) -> T {
 
 // ---- maps
 
-/// Histograms: row `probe` of HIST_SLOTS slots (see `hist_slot`).
+/// Per probe, its counters and histogram on this CPU.
 #[map]
-static HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_PROBES * HIST_SLOTS, 0);
-/// Counters: C_EVENTS, C_RECORDED, C_UNMATCHED per probe.
-#[map]
-static COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_PROBES * NR_COUNTERS, 0);
+static ROWS: PerCpuArray<ProbeRow> = PerCpuArray::with_max_entries(MAX_PROBES, 0);
 /// Entry time per (thread id << 32 | kernel-function slot): the thread may sleep and migrate.
 #[map]
 static KSTART: HashMap<u64, u64> = HashMap::with_max_entries(16384, 0);
@@ -89,26 +85,30 @@ static IRQ_START: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 // ---- recording
 
 #[inline(always)]
-fn add(map: &PerCpuArray<u64>, index: u32) {
-    if let Some(p) = map.get_ptr_mut(index) {
-        // SAFETY: `p` points into this CPU's copy of a per-CPU array; BPF programs do not
-        // re-enter on one CPU, so nothing else writes it meanwhile.
-        unsafe { *p += 1 };
-    }
-}
-
-#[inline(always)]
 fn count(probe: u32, counter: u32) {
-    if probe < MAX_PROBES {
-        add(&COUNTS, counter_index(probe, counter));
+    if let Some(row) = ROWS.get_ptr_mut(probe) {
+        // SAFETY: `row` points to this CPU's value of a per-CPU array; BPF programs do not
+        // re-enter on one CPU, so nothing else writes it meanwhile.
+        if let Some(c) = unsafe { (*row).counters.get_mut(counter as usize) } {
+            *c += 1;
+        }
     }
 }
 
 #[inline(always)]
 fn record(probe: u32, value: u64) {
-    if probe < MAX_PROBES {
-        add(&HIST, hist_index(probe, hist_slot(value)));
-        add(&COUNTS, counter_index(probe, C_RECORDED));
+    if let Some(row) = ROWS.get_ptr_mut(probe) {
+        // SAFETY: as in `count`.
+        let row = unsafe { &mut *row };
+        // LLVM knows hist_slot() < HIST_SLOTS and drops the bounds check, but the verifier
+        // cannot follow its arithmetic: make the slot opaque so the check stays in the program.
+        let slot = hist_slot(value) as usize;
+        // SAFETY: a volatile read of a local that was just written.
+        let slot = unsafe { core::ptr::read_volatile(&slot) };
+        if let Some(s) = row.slots.get_mut(slot) {
+            *s += 1;
+        }
+        row.counters[C_RECORDED as usize] += 1;
     }
 }
 

@@ -13,7 +13,7 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
 };
-use rdma_trace_common::{HIST_SLOTS, MAX_PROBES, NO_PROBE, NR_COUNTERS, counter_index, hist_index};
+use rdma_trace_common::{C_EVENTS, HIST_SLOTS, MAX_PROBES, NO_PROBE, NR_COUNTERS, ProbeRow};
 
 use crate::{
     error::Unsupported,
@@ -413,30 +413,25 @@ impl Bpf {
         }
     }
 
-    /// Counters and histograms of probes `ids`, summed over CPUs.
+    /// Counters and histograms of probes `ids`, summed over CPUs: one map lookup per probe.
     pub fn read(&self, ids: &[u32]) -> Result<HashMap<u32, ProbeData>> {
-        let counts = self.per_cpu("COUNTS")?;
-        let hist = self.per_cpu("HIST")?;
-        let sum = |map: &PerCpuArray<&MapData, u64>, i: u32| -> Result<u64> {
-            Ok(map
-                .get(&i, 0)
-                .map_err(|e| anyhow!("reading map index {i}: {}", chain(&e)))?
-                .iter()
-                .sum())
-        };
+        let rows = self.rows()?;
         let mut out = HashMap::new();
         for &id in ids.iter().filter(|&&id| id < MAX_PROBES) {
+            let per_cpu = rows
+                .get(&id, 0)
+                .map_err(|e| anyhow!("reading probe {id}: {}", chain(&e)))?;
             let mut data = ProbeData::default();
-            for (c, v) in data.counters.iter_mut().enumerate() {
-                *v = sum(&counts, counter_index(id, c as u32))?;
+            let mut slots = vec![0u64; HIST_SLOTS as usize];
+            for row in per_cpu.iter() {
+                for (sum, v) in data.counters.iter_mut().zip(row.counters) {
+                    *sum += v;
+                }
+                for (sum, v) in slots.iter_mut().zip(row.slots) {
+                    *sum += v;
+                }
             }
-            // A probe that recorded nothing has an empty histogram: skip its slots.
-            if data.counters[rdma_trace_common::C_RECORDED as usize] > 0 {
-                let slots = (0..HIST_SLOTS)
-                    .map(|s| sum(&hist, hist_index(id, s)))
-                    .collect::<Result<Vec<_>>>()?;
-                data.hist = Histogram::from_slots(slots);
-            }
+            data.hist = Histogram::from_slots(slots);
             out.insert(id, data);
         }
         Ok(out)
@@ -444,25 +439,27 @@ impl Bpf {
 
     /// Events (C_EVENTS) of probes `ids`, per CPU (index = CPU number).
     pub fn events_per_cpu(&self, ids: &[u32]) -> Result<HashMap<u32, Vec<u64>>> {
-        let counts = self.per_cpu("COUNTS")?;
+        let rows = self.rows()?;
         ids.iter()
             .filter(|&&id| id < MAX_PROBES)
             .map(|&id| {
-                let i = counter_index(id, rdma_trace_common::C_EVENTS);
-                let v = counts
-                    .get(&i, 0)
-                    .map_err(|e| anyhow!("reading map index {i}: {}", chain(&e)))?;
-                Ok((id, v.iter().copied().collect()))
+                let v = rows
+                    .get(&id, 0)
+                    .map_err(|e| anyhow!("reading probe {id}: {}", chain(&e)))?;
+                Ok((
+                    id,
+                    v.iter().map(|r| r.counters[C_EVENTS as usize]).collect(),
+                ))
             })
             .collect()
     }
 
-    fn per_cpu(&self, name: &str) -> Result<PerCpuArray<&MapData, u64>> {
+    fn rows(&self) -> Result<PerCpuArray<&MapData, ProbeRow>> {
         let m = self
             .ebpf
-            .map(name)
-            .with_context(|| format!("map {name} is not in the eBPF object"))?;
-        PerCpuArray::try_from(m).with_context(|| format!("map {name} is not a per-CPU array"))
+            .map("ROWS")
+            .context("map ROWS is not in the eBPF object")?;
+        PerCpuArray::try_from(m).context("map ROWS is not a per-CPU array of probe rows")
     }
 }
 
