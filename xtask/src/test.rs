@@ -225,10 +225,13 @@ fn live_view_in_tmux() -> Result<Vec<String>> {
     }
     let exit_file = target_dir().join("vm-results/tmux-main-job.exit");
     let _ = std::fs::remove_file(&exit_file);
-    let exe = std::env::current_exe().context("locating xtask")?;
+    // Through cargo, as the README says: this xtask's own binary may have been rebuilt (and
+    // replaced) by the workspace build since it started.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let script = format!(
-        "{} run -- -i 1000000; echo $? > {}; sleep 120",
-        vm::shell_quote(&exe.to_string_lossy()),
+        "cd {} && {} xtask run -- -i 1000000; echo $? > {}; sleep 120",
+        vm::shell_quote(&root().to_string_lossy()),
+        vm::shell_quote(&cargo),
         vm::shell_quote(&exit_file.to_string_lossy())
     );
     tmux(&["new-session", "-d", "-x", "130", "-y", "45", &script])?;
