@@ -3,8 +3,8 @@
 //! The loader numbers the probes and tells each program what to feed through read-only globals
 //! (`KSLOTS`, `SOFTIRQ_PROBE`, `NAPI_PROBE`, `INTERVAL_PROBE`), set before load, so the verifier
 //! sees constants and the programs carry no per-probe code. Shapes:
-//! - kernel function duration: `kentry_N` (kprobe, or `fentry_N`) stores the entry time keyed
-//!   by (thread, slot N); `kreturn_N` (kretprobe, or `fexit_N`) records return − entry;
+//! - kernel function duration: `kentry_N` (kprobe, or `fentry_N`) stores the entry time in
+//!   this CPU's slot N; `kreturn_N` (kretprobe, or `fexit_N`) records return − entry;
 //! - interval: the entry of one function starts it, the return of another ends it
 //!   (e.g. `ib_uverbs_comp_handler` → the demo's read of the completion event = wake-up latency);
 //! - softirq duration per vector, from the `softirq_entry`/`softirq_exit` raw tracepoints;
@@ -63,9 +63,16 @@ fn config<T: Copy>(v: &T) -> T {
 /// Per probe, its counters and histogram on this CPU.
 #[map]
 static ROWS: PerCpuArray<ProbeRow> = PerCpuArray::with_max_entries(MAX_PROBES, 0);
-/// Entry time per (thread id << 32 | kernel-function slot): the thread may sleep and migrate.
+/// Entry time of the kernel function in each slot, per CPU. The traced functions run in
+/// softirq, tasklet or non-sleeping process context: entry and return happen on one CPU with
+/// nothing of the same slot in between. A call that sleeps or migrates anyway ends unmatched
+/// (counted) instead of being mis-timed by much. Cheaper than a hash map keyed by thread.
 #[map]
-static KSTART: HashMap<u64, u64> = HashMap::with_max_entries(16384, 0);
+static KSTART: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_KSLOTS, 0);
+/// Entry time per (thread id << 32 | user-probe marker | probe): user threads block inside
+/// the probed functions (ibv_get_cq_event) and may migrate.
+#[map]
+static USTART: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
 /// Processes the user-space probes watch (set by the loader once it has spawned them).
 #[map]
 static TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(64, 0);
@@ -121,17 +128,15 @@ fn now() -> u64 {
 // ---- kernel functions: entry → return, and intervals
 
 #[inline(always)]
-fn kslot_key(slot: u32) -> u64 {
-    (bpf_get_current_pid_tgid() << 32) | slot as u64
-}
-
-#[inline(always)]
 fn kentry(slot: usize) -> u32 {
     let cfg: KSlot = config(&KSLOTS[slot]);
     let t = now();
     if cfg.duration != NO_PROBE {
         count(cfg.duration, C_EVENTS);
-        let _ = KSTART.insert(&kslot_key(slot as u32), &t, 0);
+        if let Some(p) = KSTART.get_ptr_mut(slot as u32) {
+            // SAFETY: this CPU's slot of a per-CPU array, see `count`.
+            unsafe { *p = t };
+        }
     }
     if cfg.starts < MAX_INTERVALS {
         let probe = config(&INTERVAL_PROBE)[cfg.starts as usize];
@@ -154,14 +159,14 @@ fn kreturn(slot: usize) -> u32 {
     let cfg: KSlot = config(&KSLOTS[slot]);
     let t = now();
     if cfg.duration != NO_PROBE {
-        let key = kslot_key(slot as u32);
-        // SAFETY: the value is copied out before the entry is removed.
-        match unsafe { KSTART.get(&key) }.copied() {
-            Some(start) => {
-                let _ = KSTART.remove(&key);
-                record(cfg.duration, t.saturating_sub(start));
-            }
-            None => count(cfg.duration, C_UNMATCHED),
+        // SAFETY: this CPU's slot of a per-CPU array, see `count`; taken and cleared.
+        let start = KSTART
+            .get_ptr_mut(slot as u32)
+            .map_or(0, |p| unsafe { core::mem::replace(&mut *p, 0) });
+        if start != 0 {
+            record(cfg.duration, t.saturating_sub(start));
+        } else {
+            count(cfg.duration, C_UNMATCHED);
         }
     }
     if cfg.ends < MAX_INTERVALS
@@ -223,7 +228,7 @@ kslot!(15, kentry_15, kreturn_15, fentry_15, fexit_15);
 // ---- user-space functions (uprobe/uretprobe): one program pair attached once per probe, the
 // probe id in the attach cookie; only the watched processes count.
 
-/// Key space of user-space entries in KSTART, apart from the kernel-function slots.
+/// Marks user-space entries in USTART keys.
 const USER_KEY: u64 = 1 << 31;
 
 #[inline(always)]
@@ -245,7 +250,7 @@ pub fn uentry(ctx: ProbeContext) -> u32 {
     let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     count(probe, C_EVENTS);
     let key = (bpf_get_current_pid_tgid() << 32) | USER_KEY | (probe as u64 & 0xFFFF);
-    let _ = KSTART.insert(&key, &now(), 0);
+    let _ = USTART.insert(&key, &now(), 0);
     0
 }
 
@@ -258,9 +263,9 @@ pub fn ureturn(ctx: RetProbeContext) -> u32 {
     let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     let key = (bpf_get_current_pid_tgid() << 32) | USER_KEY | (probe as u64 & 0xFFFF);
     // SAFETY: the value is copied out before the entry is removed.
-    match unsafe { KSTART.get(&key) }.copied() {
+    match unsafe { USTART.get(&key) }.copied() {
         Some(start) => {
-            let _ = KSTART.remove(&key);
+            let _ = USTART.remove(&key);
             record(probe, now().saturating_sub(start));
         }
         None => count(probe, C_UNMATCHED),
