@@ -169,6 +169,11 @@ fn peak_rss_kib(status: &str) -> Option<f64> {
 /// (run count, run time ns), from one snapshot's bpftool views.
 fn bpf_by_point(prefix: &str, dir: &Path) -> BTreeMap<String, (u64, u64)> {
     let mut out = BTreeMap::new();
+    // rdma-trace's report (`<run>.out`, the prefix without its mode) lists its programs.
+    let run = prefix.rsplit_once('-').map_or(prefix, |(run, _)| run);
+    let functions = fs::read_to_string(dir.join(format!("{run}.out")))
+        .map(|t| program_functions(&t))
+        .unwrap_or_default();
     let Some(progs) = read_json(&dir.join(format!("{prefix}.prog.json"))) else {
         return out;
     };
@@ -206,17 +211,45 @@ fn bpf_by_point(prefix: &str, dir: &Path) -> BTreeMap<String, (u64, u64)> {
         };
         let cnt = p.get("run_cnt").and_then(Value::as_u64).unwrap_or(0);
         let ns = p.get("run_time_ns").and_then(Value::as_u64).unwrap_or(0);
-        // Programs whose attach point bpftool does not show (aya's perf-event links) count
-        // under their name, so that the totals hold every program of the tracer.
+        // bpftool shows no attach point for aya's perf-event links: rdma-trace's own program
+        // table names the function of each kentry_N/kreturn_N; anything else counts under
+        // its program name, so that the totals hold every program of the tracer.
         let point = point_of.get(&id).cloned().unwrap_or_else(|| {
             let name = p.get("name").and_then(Value::as_str).unwrap_or("?");
-            format!("program {name}")
+            kernel_function_point(name, &functions).unwrap_or_else(|| format!("program {name}"))
         });
         let e = out.entry(point).or_insert((0, 0));
         e.0 += cnt;
         e.1 += ns;
     }
     out
+}
+
+/// `kentry_N` / `kreturn_N` → function, from the program table rdma-trace prints
+/// (`  kentry_7           rxe_cq_post      4000    2380`).
+fn program_functions(report: &str) -> BTreeMap<String, String> {
+    report
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (prog, function) = (it.next()?, it.next()?);
+            (prog.starts_with("kentry_") || prog.starts_with("kreturn_"))
+                .then(|| (prog.to_owned(), function.to_owned()))
+        })
+        .collect()
+}
+
+/// The attach point of one of rdma-trace's kernel-function programs, named like bpftool
+/// names bpftrace's (`kprobe rxe_rcv`, `kretprobe rxe_rcv`). bpftool truncates program names
+/// to 15 characters, which these names never reach.
+fn kernel_function_point(name: &str, functions: &BTreeMap<String, String>) -> Option<String> {
+    let f = functions.get(name)?;
+    let kind = if name.starts_with("kentry_") {
+        "kprobe"
+    } else {
+        "kretprobe"
+    };
+    Some(format!("{kind} {f}"))
 }
 
 /// kprobe / kretprobe / tracepoint (raw or perf-event: the same kernel tracepoint).
@@ -512,6 +545,26 @@ fn failed_runs(dir: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_function_programs_get_their_attach_point() {
+        let report = "\
+  kentry_0           ib_uverbs_comp_handler             3816       2409
+  kreturn_7          rxe_cq_post                        4000       3007
+  softirq_entry      raw_tp softirq_entry              12361       6997
+";
+        let f = program_functions(report);
+        assert_eq!(f.len(), 2);
+        assert_eq!(
+            kernel_function_point("kentry_0", &f).as_deref(),
+            Some("kprobe ib_uverbs_comp_handler")
+        );
+        assert_eq!(
+            kernel_function_point("kreturn_7", &f).as_deref(),
+            Some("kretprobe rxe_cq_post")
+        );
+        assert_eq!(kernel_function_point("softirq_entry", &f), None);
+    }
 
     #[test]
     fn proc_stat_and_status() {
