@@ -16,6 +16,14 @@ fn rdma_trace(args: &[&str]) -> Output {
         .expect("run rdma-trace")
 }
 
+/// The JSON report at `path`, which is then removed.
+fn read_json(path: &std::path::Path) -> serde_json::Value {
+    let report =
+        serde_json::from_slice(&std::fs::read(path).expect("JSON report")).expect("valid JSON");
+    let _ = std::fs::remove_file(path);
+    report
+}
+
 fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("rdma-trace-host-{}-{name}", std::process::id()))
 }
@@ -67,9 +75,7 @@ fn softirqs_counts_net_rx_under_loopback_traffic() {
         "rdma-trace softirqs failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("JSON report")).expect("valid JSON");
-    let _ = std::fs::remove_file(&json);
+    let report = read_json(&json);
     let vectors = report["vectors"].as_array().expect("vectors");
     assert_eq!(vectors.len(), 10, "one entry per softirq vector");
     let net_rx = vectors
@@ -415,9 +421,7 @@ fn irq_counts_virtio_interrupts_and_net_rx() {
         "rdma-trace irq failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("JSON report")).expect("valid JSON");
-    let _ = std::fs::remove_file(&json);
+    let report = read_json(&json);
     let irqs = report["irqs"].as_array().expect("irqs");
     assert!(!irqs.is_empty(), "no virtio IRQ on this host: {report}");
     let busy: Vec<&serde_json::Value> = irqs
