@@ -43,6 +43,16 @@ pub struct Params {
     pub clients: u32,
 }
 
+impl Params {
+    /// What the peer must run too.
+    fn same_run(&self) -> exchange::SameRun {
+        exchange::SameRun {
+            iterations: self.iterations,
+            size: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub role: &'static str,
@@ -164,16 +174,9 @@ pub fn server(
         let psn = random_psn();
         let id = k as u32 + 1;
         let ours = ep.local_info(Demo::Atomic, &qp, psn, p.iterations, 8, id, Some(buffer));
-        let mut stream = exchange::accept(listener, opts.timeout)?;
-        let theirs = exchange::receive(&mut stream, opts.timeout)?;
-        if let Err(e) = exchange::check_peer(&stream, &ours, &theirs)
-            .and_then(|()| exchange::check_same_run(&stream, &theirs, p.iterations, None))
-        {
-            let _ = exchange::send(&mut stream, &ours, opts.timeout);
-            return Err(e.into());
-        }
-        ep.connect(&qp, psn, &theirs)?;
-        exchange::send(&mut stream, &ours, opts.timeout)?;
+        exchange::server_handshake(listener, &ours, p.same_run(), opts.timeout, |theirs| {
+            ep.connect(&qp, psn, theirs)
+        })?;
         qps.push(qp);
     }
     let _phase = crate::phase::data(opts.fault)?;
@@ -291,12 +294,7 @@ pub fn client(
     let mut comp = Completions::new(cq, ep.mode, ep.timeout)?;
     let psn = random_psn();
     let ours = ep.local_info(Demo::Atomic, &qp, psn, p.iterations, 8, 0, None);
-    let peer = {
-        let mut stream = exchange::connect(host, port, opts.timeout)?;
-        let theirs = exchange::exchange(&mut stream, &ours, opts.timeout)?;
-        exchange::check_same_run(&stream, &theirs, p.iterations, None)?;
-        theirs
-    };
+    let peer = exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)?;
     let id = peer.client_id;
     let remote = match peer.buffer {
         Some(b) if b.len == REGION_LEN && b.addr.is_multiple_of(8) && id != 0 => b,

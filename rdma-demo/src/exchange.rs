@@ -459,6 +459,54 @@ pub fn check_same_run(
     })
 }
 
+/// What both sides of one run must agree on, besides the demo and the MTU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SameRun {
+    pub iterations: u32,
+    /// Message size, for the demos that have one.
+    pub size: Option<u32>,
+}
+
+/// The client's handshake: connect to `host:port`, swap messages, check that the peer runs the
+/// same demo, MTU and run. The TCP connection is closed when this returns, before the data
+/// phase starts.
+pub fn client_handshake(
+    host: &str,
+    port: u16,
+    ours: &ConnInfo,
+    run: SameRun,
+    timeout: Duration,
+) -> Result<ConnInfo, ExchangeError> {
+    let mut stream = connect(host, port, timeout)?;
+    let theirs = exchange(&mut stream, ours, timeout)?;
+    check_same_run(&stream, &theirs, run.iterations, run.size)?;
+    Ok(theirs)
+}
+
+/// The server's handshake, the counterpart of [`client_handshake`]: accept one client on
+/// `listener`, receive its message and check it. On a mismatch the server still answers, so
+/// that the client reports the mismatch from its side too. Otherwise `connect` brings our QP
+/// up with theirs before we answer: the client starts sending as soon as it has our message.
+pub fn server_handshake<E: From<ExchangeError>>(
+    listener: &TcpListener,
+    ours: &ConnInfo,
+    run: SameRun,
+    timeout: Duration,
+    connect: impl FnOnce(&ConnInfo) -> Result<(), E>,
+) -> Result<ConnInfo, E> {
+    let mut stream = accept(listener, timeout)?;
+    let theirs = receive(&mut stream, timeout)?;
+    if let Err(e) = check_peer(&stream, ours, &theirs)
+        .and_then(|()| check_same_run(&stream, &theirs, run.iterations, run.size))
+    {
+        let _ = send(&mut stream, ours, timeout);
+        return Err(e.into());
+    }
+    connect(&theirs)?;
+    send(&mut stream, ours, timeout)?;
+    Ok(theirs)
+}
+
 /// The name of the peer, for messages.
 pub fn peer_name(stream: &TcpStream) -> String {
     stream

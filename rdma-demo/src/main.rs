@@ -218,9 +218,48 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Devices(args) => run_devices(&args),
-        Command::Pingpong(args) => run_pingpong(&args),
-        Command::WriteRead(args) => run_write_read(&args),
-        Command::Atomic(args) => run_atomic(&args),
+        Command::Pingpong(a) => {
+            let p = pingpong::Params {
+                iterations: a.iterations,
+                size: a.size,
+            };
+            run_demo(
+                &a.common,
+                "pingpong",
+                serde_json::json!({ "iterations": p.iterations, "size": p.size }),
+                |o, host, port| pingpong::client(o, host, port, p).map(|r| vec![r]),
+                move |o, l| pingpong::server(o, l, p).map(|r| vec![r]),
+                pingpong::Report::render,
+            )
+        }
+        Command::WriteRead(a) => {
+            let p = write_read::Params {
+                iterations: a.iterations,
+                size: a.size,
+            };
+            run_demo(
+                &a.common,
+                "write-read",
+                serde_json::json!({ "iterations": p.iterations, "size": p.size }),
+                |o, host, port| write_read::client(o, host, port, p).map(|r| vec![r]),
+                move |o, l| write_read::server(o, l, p).map(|r| vec![r]),
+                write_read::Report::render,
+            )
+        }
+        Command::Atomic(a) => {
+            let p = atomic::Params {
+                iterations: a.iterations,
+                clients: a.clients,
+            };
+            run_demo(
+                &a.common,
+                "atomic",
+                serde_json::json!({ "iterations": p.iterations, "clients": p.clients }),
+                |o, host, port| atomic::clients(o, host, port, p),
+                move |o, l| atomic::server(o, l, p).map(|r| vec![r]),
+                atomic::Report::render,
+            )
+        }
         Command::Completions { shell } => completions(shell),
         Command::Man { out } => man_pages(&out),
     };
@@ -369,62 +408,27 @@ fn output<R: serde::Serialize>(
     Ok(())
 }
 
-fn run_pingpong(a: &PingPongArgs) -> Result<(), Failure> {
-    let p = pingpong::Params {
-        iterations: a.iterations,
-        size: a.size,
-    };
-    let reports = run_roles(
-        &a.common,
-        |o, host, port| pingpong::client(o, host, port, p),
-        move |o, l| pingpong::server(o, l, p),
-    )?;
-    output(
-        &a.common,
-        "pingpong",
-        serde_json::json!({ "iterations": p.iterations, "size": p.size }),
-        &reports,
-        pingpong::Report::render,
-    )
-}
-
-fn run_write_read(a: &WriteReadArgs) -> Result<(), Failure> {
-    let p = write_read::Params {
-        iterations: a.iterations,
-        size: a.size,
-    };
-    let reports = run_roles(
-        &a.common,
-        |o, host, port| write_read::client(o, host, port, p),
-        move |o, l| write_read::server(o, l, p),
-    )?;
-    output(
-        &a.common,
-        "write-read",
-        serde_json::json!({ "iterations": p.iterations, "size": p.size }),
-        &reports,
-        write_read::Report::render,
-    )
-}
-
-fn run_atomic(a: &AtomicArgs) -> Result<(), Failure> {
-    let p = atomic::Params {
-        iterations: a.iterations,
-        clients: a.clients,
-    };
-    let reports = run_roles(
-        &a.common,
-        |o, host, port| atomic::clients(o, host, port, p),
-        move |o, l| atomic::server(o, l, p).map(|r| vec![r]),
-    )?;
-    let reports: Vec<atomic::Report> = reports.into_iter().flatten().collect();
-    output(
-        &a.common,
-        "atomic",
-        serde_json::json!({ "iterations": p.iterations, "clients": p.clients }),
-        &reports,
-        atomic::Report::render,
-    )
+/// The one dispatcher of the demos: run the roles the flags ask for, print every report
+/// (client first), and write the JSON. Each role returns its reports (the atomic client side
+/// runs several clients).
+fn run_demo<R, C, S>(
+    c: &CommonArgs,
+    demo: &str,
+    params: serde_json::Value,
+    client: C,
+    server: S,
+    render: fn(&R) -> String,
+) -> Result<(), Failure>
+where
+    R: serde::Serialize + Send + 'static,
+    C: FnOnce(&EndpointOptions, &str, u16) -> Result<Vec<R>, DemoError>,
+    S: FnOnce(&EndpointOptions, &TcpListener) -> Result<Vec<R>, DemoError> + Send + 'static,
+{
+    let reports: Vec<R> = run_roles(c, client, server)?
+        .into_iter()
+        .flatten()
+        .collect();
+    output(c, demo, params, &reports, render)
 }
 
 fn completions(shell: clap_complete::Shell) -> Result<(), Failure> {

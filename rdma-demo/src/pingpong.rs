@@ -27,6 +27,16 @@ pub struct Params {
     pub size: u32,
 }
 
+impl Params {
+    /// What the peer must run too.
+    fn same_run(&self) -> exchange::SameRun {
+        exchange::SameRun {
+            iterations: self.iterations,
+            size: Some(self.size),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub role: &'static str,
@@ -203,13 +213,7 @@ pub fn client(
 ) -> Result<Report, DemoError> {
     let mut side = Side::new(opts, p.size)?;
     let ours = side.info(p);
-    let peer = {
-        let mut stream = exchange::connect(host, port, opts.timeout)?;
-        let theirs = exchange::exchange(&mut stream, &ours, opts.timeout)?;
-        exchange::check_same_run(&stream, &theirs, p.iterations, Some(p.size))?;
-        theirs
-        // The TCP connection closes here, before the data phase.
-    };
+    let peer = { exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)? };
     side.ep.connect(&side.qp, side.psn, &peer)?;
     let _phase = crate::phase::data(opts.fault)?;
 
@@ -255,20 +259,9 @@ pub fn server(
 ) -> Result<Report, DemoError> {
     let mut side = Side::new(opts, p.size)?;
     let ours = side.info(p);
-    let peer = {
-        let mut stream = exchange::accept(listener, opts.timeout)?;
-        let theirs = exchange::receive(&mut stream, opts.timeout)?;
-        let checked = exchange::check_peer(&stream, &ours, &theirs)
-            .and_then(|()| exchange::check_same_run(&stream, &theirs, p.iterations, Some(p.size)));
-        if let Err(e) = checked {
-            // Tell the client too; it reports the mismatch from its side.
-            let _ = exchange::send(&mut stream, &ours, opts.timeout);
-            return Err(e.into());
-        }
-        side.ep.connect(&side.qp, side.psn, &theirs)?;
-        exchange::send(&mut stream, &ours, opts.timeout)?;
-        theirs
-    };
+    let peer = exchange::server_handshake(listener, &ours, p.same_run(), opts.timeout, |theirs| {
+        side.ep.connect(&side.qp, side.psn, theirs)
+    })?;
     let _phase = crate::phase::data(opts.fault)?;
 
     let mut start = None;

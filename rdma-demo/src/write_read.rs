@@ -30,6 +30,16 @@ pub struct Params {
     pub size: u32,
 }
 
+impl Params {
+    /// What the peer must run too.
+    fn same_run(&self) -> exchange::SameRun {
+        exchange::SameRun {
+            iterations: self.iterations,
+            size: Some(self.size),
+        }
+    }
+}
+
 /// The server's initial content.
 pub fn server_pattern(i: usize) -> u8 {
     (i.wrapping_mul(31).wrapping_add(7) % 251) as u8
@@ -152,18 +162,9 @@ pub fn server(
         0,
         Some(buffer),
     );
-    {
-        let mut stream = exchange::accept(listener, opts.timeout)?;
-        let theirs = exchange::receive(&mut stream, opts.timeout)?;
-        if let Err(e) = exchange::check_peer(&stream, &ours, &theirs)
-            .and_then(|()| exchange::check_same_run(&stream, &theirs, p.iterations, Some(p.size)))
-        {
-            let _ = exchange::send(&mut stream, &ours, opts.timeout);
-            return Err(e.into());
-        }
-        ep.connect(&qp, psn, &theirs)?;
-        exchange::send(&mut stream, &ours, opts.timeout)?;
-    }
+    exchange::server_handshake(listener, &ours, p.same_run(), opts.timeout, |theirs| {
+        ep.connect(&qp, psn, theirs)
+    })?;
     let _phase = crate::phase::data(opts.fault)?;
     let start = Instant::now();
     // The client keeps rewriting the buffer: as long as it changes, the client is alive.
@@ -256,12 +257,7 @@ pub fn client(
     let mut comp = Completions::new(cq, ep.mode, ep.timeout)?;
     let psn = random_psn();
     let ours = ep.local_info(Demo::WriteRead, &qp, psn, p.iterations, p.size, 0, None);
-    let peer = {
-        let mut stream = exchange::connect(host, port, opts.timeout)?;
-        let theirs = exchange::exchange(&mut stream, &ours, opts.timeout)?;
-        exchange::check_same_run(&stream, &theirs, p.iterations, Some(p.size))?;
-        theirs
-    };
+    let peer = exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)?;
     let remote = match peer.buffer {
         Some(b) if b.len == p.size && ep.fault == Some(Fault::BadRkey) => RemoteBuf {
             rkey: b.rkey ^ 0x5a5a_5a5a,
