@@ -97,12 +97,6 @@ pub fn run(args: &Args) -> Result<()> {
         });
     }
 
-    let all_kernels = [vm::Kernel::V6_1, vm::Kernel::V6_12];
-    let kernels = if args.kernels.is_empty() {
-        all_kernels.to_vec()
-    } else {
-        args.kernels.clone()
-    };
     if args.skip_guest {
         skip(&mut steps, "guest tests", "--skip-guest was given");
     } else {
@@ -115,18 +109,10 @@ pub fn run(args: &Args) -> Result<()> {
             }
             Ok(Vec::new())
         });
-        for kernel in all_kernels {
+        for (kernel, not_selected) in kernel_rows(&args.kernels) {
             let name = format!("guest tests on {}", kernel.name());
-            if !kernels.contains(&kernel) {
-                let chosen: Vec<String> = kernels
-                    .iter()
-                    .map(|k| format!("--kernel {}", k.name()))
-                    .collect();
-                skip(
-                    &mut steps,
-                    &name,
-                    &format!("not selected ({} was given)", chosen.join(" ")),
-                );
+            if let Some(why) = not_selected {
+                skip(&mut steps, &name, &why);
                 continue;
             }
             if executables.len() != guest.len() {
@@ -188,16 +174,40 @@ fn step(steps: &mut Vec<Step>, name: &str, f: impl FnOnce() -> Result<Vec<String
     });
 }
 
+/// Every guest kernel, with why it is left out when `--kernel` did not select it (an empty
+/// selection selects all).
+fn kernel_rows(selected: &[vm::Kernel]) -> Vec<(vm::Kernel, Option<String>)> {
+    let given: Vec<String> = selected
+        .iter()
+        .map(|k| format!("--kernel {}", k.name()))
+        .collect();
+    [vm::Kernel::V6_1, vm::Kernel::V6_12]
+        .into_iter()
+        .map(|k| {
+            let left_out = !selected.is_empty() && !selected.contains(&k);
+            (
+                k,
+                left_out.then(|| format!("not selected ({} was given)", given.join(" "))),
+            )
+        })
+        .collect()
+}
+
 /// A layer of tests: as [`step`], with the number of tests it ran; a layer that ran none
 /// fails, whatever its runners' status.
 fn test_step(steps: &mut Vec<Step>, name: &str, f: impl FnOnce() -> Result<Vec<String>>) {
     step(steps, name, f);
     let s = steps.last_mut().expect("step pushed a row");
     let n = tests_run(&s.summaries);
-    s.tests = Some(n);
-    if n == 0 && matches!(s.outcome, Outcome::Passed) {
-        eprintln!("[xtask] {name} failed: it ran no test");
-        s.outcome = Outcome::Failed("it ran no test".to_owned());
+    match s.outcome {
+        Outcome::Passed if n == 0 => {
+            eprintln!("[xtask] {name} failed: it ran no test");
+            s.outcome = Outcome::Failed("it ran no test".to_owned());
+            s.tests = Some(0);
+        }
+        Outcome::Passed => s.tests = Some(n),
+        // A failed layer's error carries its runners' results.
+        Outcome::Failed(_) | Outcome::Skipped(_) => {}
     }
 }
 
@@ -464,6 +474,21 @@ mod tests {
         assert_eq!(tests_run(&lines), 11);
         assert_eq!(tests_run(&lines[2..]), 0);
         assert_eq!(tests_run(&[]), 0);
+    }
+
+    #[test]
+    fn a_kernel_left_out_gets_a_skip_row_with_the_reason() {
+        let rows = kernel_rows(&[vm::Kernel::V6_1]);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0], (vm::Kernel::V6_1, None));
+        assert_eq!(
+            rows[1],
+            (
+                vm::Kernel::V6_12,
+                Some("not selected (--kernel 6.1 was given)".to_owned())
+            )
+        );
+        assert!(kernel_rows(&[]).iter().all(|(_, why)| why.is_none()));
     }
 
     #[test]
