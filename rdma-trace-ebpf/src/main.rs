@@ -96,12 +96,14 @@ static IRQ_START: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 // ---- recording
 //
 // A program can be interrupted on its CPU, and the interrupt can run another of our programs
-// that adds to the same row: kprobes and uprobes cannot nest (the kernel skips a kprobe program
-// while another one runs on the CPU, `bpf_prog_active`), but raw tracepoint and fentry/fexit
-// programs have no such guard across programs, e.g. `napi_poll` from netpoll in a hard IRQ
-// over the same tracepoint in NET_RX, or a function traced by fentry that also runs in hard IRQ
-// context. A plain `+= 1` (load, add, store) would then lose the inner add, so every add to
-// ROWS is an atomic add (BPF_XADD, `lock` add on this CPU's value: uncontended, cheap).
+// that adds to the same row. Kprobe and uprobe programs cannot nest (the kernel skips one while
+// another runs on the CPU: `bpf_prog_active`). Raw tracepoint and fentry/fexit programs have at
+// most a guard per program, none across programs: a function traced by fentry/fexit that also
+// runs in hard IRQ context gets its fentry program run in an IRQ while its fexit program, on
+// the same row, is interrupted; and `napi_poll` can fire from netpoll in a hard IRQ over the
+// same tracepoint in NET_RX where the kernel has no per-program guard for raw tracepoints. A
+// plain `+= 1` (load, add, store) would then lose the inner add, so every add to ROWS is an
+// atomic add (BPF_XADD: a `lock` add on this CPU's value, uncontended and cheap).
 //
 // The start slots (KSTART, SOFTIRQ_START, IRQ_START) need no atomics: each access is one
 // aligned 8-byte load or store, so a nested program sees a whole value, and a nested entry
