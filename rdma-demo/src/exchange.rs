@@ -299,7 +299,7 @@ pub enum ExchangeError {
     /// No TCP connection (refused, unreachable, timed out); exit code 5.
     #[error("connecting to {addr}: {source}")]
     Connect { addr: String, source: io::Error },
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {source}{}", listen_hint(source))]
     Listen { addr: String, source: io::Error },
     #[error("no client connected to {addr} within {}", secs(*timeout))]
     AcceptTimeout { addr: String, timeout: Duration },
@@ -308,8 +308,17 @@ pub enum ExchangeError {
     /// The rest: exit code 6.
     #[error("peer {peer} closed the connection during the exchange")]
     PeerClosed { peer: String },
-    #[error("peer {peer} sent nothing for {} during the exchange", secs(*timeout))]
-    Timeout { peer: String, timeout: Duration },
+    /// The whole message has one deadline, however its bytes trickle in.
+    #[error(
+        "peer {peer} sent {got} of the {} bytes of its message within {} (the whole message must arrive within --timeout)",
+        HEADER_LEN + BODY_LEN,
+        secs(*timeout)
+    )]
+    Timeout {
+        peer: String,
+        timeout: Duration,
+        got: usize,
+    },
     #[error("exchange with {peer}: {source}")]
     Io { peer: String, source: io::Error },
     #[error("malformed message from {peer}: {source}")]
@@ -340,6 +349,14 @@ impl ExchangeError {
                 | ExchangeError::AcceptTimeout { .. }
                 | ExchangeError::Accept { .. }
         )
+    }
+}
+
+fn listen_hint(e: &io::Error) -> &'static str {
+    if e.kind() == io::ErrorKind::AddrInUse {
+        " (another server on this port? pick another with -p)"
+    } else {
+        ""
     }
 }
 
@@ -406,21 +423,44 @@ pub fn accept(listener: &TcpListener, timeout: Duration) -> Result<TcpStream, Ex
     Ok(stream)
 }
 
-/// Reads as much of `buf` as arrives before EOF; returns the count.
-fn read_full(s: &mut TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+/// How a read of a whole buffer ended.
+enum Got {
+    Full,
+    /// End of stream after this many bytes.
+    Eof(usize),
+    /// The deadline passed after this many bytes.
+    Late(usize),
+}
+
+/// Reads all of `buf` by `deadline` (one deadline for the whole buffer, not per read: a peer
+/// sending a byte at a time cannot stretch it).
+fn read_by(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<Got> {
     let mut got = 0;
     while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(Got::Late(got));
+        }
+        s.set_read_timeout(Some(left))?;
         match s.read(&mut buf[got..]) {
-            Ok(0) => break,
+            Ok(0) => return Ok(Got::Eof(got)),
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(Got::Late(got));
+            }
             Err(e) => return Err(e),
         }
     }
-    Ok(got)
+    Ok(Got::Full)
 }
 
-/// Sends ours, receives theirs (each way within `timeout`), and checks that the peer runs the
+/// Sends ours, receives theirs (each message within `timeout`), and checks that the peer runs the
 /// same demo with the same MTU. The stream is dropped (closed) by the caller afterwards.
 pub fn exchange(
     stream: &mut TcpStream,
@@ -514,70 +554,78 @@ pub fn peer_name(stream: &TcpStream) -> String {
         .map_or_else(|_| "?".to_string(), |a| a.to_string())
 }
 
-/// Receives the peer's message without checking it against ours (the server reads first).
+/// Receives the peer's message, all of it within `timeout`, without checking it against ours
+/// (the server reads first).
 pub fn receive(stream: &mut TcpStream, timeout: Duration) -> Result<ConnInfo, ExchangeError> {
+    let deadline = Instant::now() + timeout;
     let peer = peer_name(stream);
-    let io_err = |source: io::Error| {
-        if matches!(
-            source.kind(),
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-        ) {
-            ExchangeError::Timeout {
-                peer: peer.clone(),
-                timeout,
-            }
-        } else {
-            ExchangeError::Io {
-                peer: peer.clone(),
-                source,
-            }
-        }
+    let io_err = |source: io::Error| ExchangeError::Io {
+        peer: peer.clone(),
+        source,
     };
-    stream
-        .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))
-        .map_err(io_err)?;
-    let mut h = [0u8; HEADER_LEN];
-    let got = read_full(stream, &mut h).map_err(io_err)?;
-    if got == 0 {
-        return Err(ExchangeError::PeerClosed { peer });
-    }
+    let late = |got| ExchangeError::Timeout {
+        peer: peer.clone(),
+        timeout,
+        got,
+    };
     let malformed = |source| ExchangeError::Malformed {
         peer: peer.clone(),
         source,
     };
-    if got < HEADER_LEN {
-        return Err(malformed(DecodeError::Truncated {
-            got,
-            want: HEADER_LEN,
-        }));
+    let mut h = [0u8; HEADER_LEN];
+    match read_by(stream, &mut h, deadline).map_err(io_err)? {
+        Got::Full => {}
+        Got::Eof(0) => return Err(ExchangeError::PeerClosed { peer }),
+        Got::Eof(got) => {
+            return Err(malformed(DecodeError::Truncated {
+                got,
+                want: HEADER_LEN,
+            }));
+        }
+        Got::Late(got) => return Err(late(got)),
     }
     let len = decode_header(&h).map_err(malformed)?;
     let mut body = vec![0u8; len];
-    let got = read_full(stream, &mut body).map_err(io_err)?;
-    if got < len {
-        return Err(malformed(DecodeError::Truncated {
-            got: HEADER_LEN + got,
-            want: HEADER_LEN + len,
-        }));
+    match read_by(stream, &mut body, deadline).map_err(io_err)? {
+        Got::Full => {}
+        Got::Eof(got) => {
+            return Err(malformed(DecodeError::Truncated {
+                got: HEADER_LEN + got,
+                want: HEADER_LEN + len,
+            }));
+        }
+        Got::Late(got) => return Err(late(HEADER_LEN + got)),
     }
     decode_body(&body).map_err(malformed)
 }
 
-/// Sends our message.
+/// Sends our message, all of it within `timeout`.
 pub fn send(
     stream: &mut TcpStream,
     ours: &ConnInfo,
     timeout: Duration,
 ) -> Result<(), ExchangeError> {
+    let deadline = Instant::now() + timeout;
     let peer = peer_name(stream);
     let io_err = |source| ExchangeError::Io {
         peer: peer.clone(),
         source,
     };
-    stream
-        .set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
-        .map_err(io_err)?;
-    stream.write_all(&encode(ours)).map_err(io_err)?;
+    let m = encode(ours);
+    let mut sent = 0;
+    while sent < m.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io_err(io::ErrorKind::TimedOut.into()));
+        }
+        stream.set_write_timeout(Some(left)).map_err(io_err)?;
+        match stream.write(&m[sent..]) {
+            Ok(0) => return Err(io_err(io::ErrorKind::WriteZero.into())),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_err(e)),
+        }
+    }
     stream.flush().map_err(io_err)
 }
 
@@ -772,6 +820,50 @@ mod tests {
             matches!(e, ExchangeError::AcceptTimeout { .. }) && e.is_connection(),
             "{e}"
         );
+    }
+
+    /// A valid message, one byte every 20 ms (1.4 s in all): each read gets a byte well within
+    /// any per-read timeout, but the message as a whole misses its deadline.
+    #[test]
+    fn a_slow_drip_peer_misses_the_deadline_of_the_whole_message() {
+        let l = listen("127.0.0.1", 0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let t = std::thread::spawn(move || {
+            let mut c = connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+            for b in encode(&sample()) {
+                if c.write_all(&[b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let mut s = accept(&l, Duration::from_secs(5)).unwrap();
+        let start = Instant::now();
+        let e = receive(&mut s, Duration::from_millis(400)).unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            matches!(e, ExchangeError::Timeout { got, .. } if got > 0 && got < HEADER_LEN + BODY_LEN),
+            "{e}"
+        );
+        assert!(e.to_string().contains("within 0.4 s"), "{e}");
+        assert!(took >= Duration::from_millis(400), "{took:?}");
+        assert!(took < Duration::from_millis(1000), "{took:?}");
+        drop(s);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_port_in_use_is_a_connection_error_with_a_hint() {
+        let l = listen("127.0.0.1", 0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let e = listen("127.0.0.1", port).unwrap_err();
+        assert!(e.is_connection(), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with(&format!("cannot listen on 127.0.0.1:{port}: ")),
+            "{text}"
+        );
+        assert!(text.contains("pick another with -p"), "{text}");
     }
 
     #[test]

@@ -136,7 +136,7 @@ struct CommonArgs {
     /// Same as --mode event (sleep on a completion channel)
     #[arg(short = 'e', long)]
     event: bool,
-    /// Seconds to wait for TCP connect/accept, the exchange, and each completion
+    /// Seconds to wait for TCP connect/accept, each whole exchange message, and each completion
     #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = parse_timeout)]
     timeout: f64,
     /// Also write the results and the run's parameters as JSON to PATH

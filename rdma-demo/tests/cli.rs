@@ -238,3 +238,53 @@ fn every_help_has_examples() {
         assert!(help.contains("Examples:\n  rdma-demo"), "{args:?}:\n{help}");
     }
 }
+
+/// `-i 0` is refused as a usage error (exit 2) before anything starts, in every role: a run
+/// of no iterations measures nothing, and the exchange refuses 0 iterations too.
+#[test]
+fn zero_iterations_is_a_usage_error() {
+    for demo in ["pingpong", "write-read", "atomic"] {
+        for role in ["-s", "127.0.0.1", "--loopback"] {
+            for flag in [&["-i", "0"][..], &["--iterations=0"]] {
+                let mut args = vec![demo, role];
+                args.extend_from_slice(flag);
+                let out = rdma_demo(&args);
+                assert_eq!(out.status.code(), Some(2), "{args:?}");
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    stderr.starts_with(
+                        "error: invalid value '0' for '--iterations <N>': 0 is not in 1..="
+                    ),
+                    "{args:?}: {stderr}"
+                );
+                assert!(out.stdout.is_empty(), "{args:?}");
+            }
+        }
+    }
+}
+
+/// A server (or a loopback run) whose TCP port is taken says so in one line, exit 5, before it
+/// opens any device: this runs on any host.
+#[test]
+fn a_port_in_use_is_one_line_and_exit_5() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    for demo in ["pingpong", "write-read", "atomic"] {
+        for args in [
+            vec![demo, "-s", "--bind", "127.0.0.1", "-p", &port],
+            vec![demo, "--loopback", "-p", &port],
+        ] {
+            let out = rdma_demo(&args);
+            assert_eq!(out.status.code(), Some(5), "{args:?}");
+            let lines = stderr_lines(&out);
+            assert_eq!(
+                lines,
+                [format!(
+                    "rdma-demo: cannot listen on 127.0.0.1:{port}: Address already in use (os error 98) \
+                     (another server on this port? pick another with -p)"
+                )],
+                "{args:?}"
+            );
+        }
+    }
+}

@@ -252,6 +252,61 @@ fn wait_within(mut child: Child, limit: Duration, what: &str) -> (Output, Durati
     }
 }
 
+/// Polls `ok` every 20 ms for up to 60 s (a debug build under TCG on a busy machine can be
+/// slow); fails the test with `what` otherwise.
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting until {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Until a TCP socket listens on `port` (from /proc/net/tcp{,6}; connecting would use up the
+/// server's one accept).
+fn wait_listening(port: u16) {
+    let needle = format!(":{port:04X} 00000000:0000 0A");
+    let needle6 = format!(":{port:04X} 00000000000000000000000000000000:0000 0A");
+    wait_until(&format!("something listens on TCP port {port}"), || {
+        let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        let tcp6 = std::fs::read_to_string("/proc/net/tcp6").unwrap_or_default();
+        tcp.contains(&needle) || tcp6.contains(&needle6)
+    });
+}
+
+/// Until process `pid` has an RDMA device open (`/dev/infiniband/uverbs*`): it set up its
+/// endpoint and goes on to the TCP exchange.
+fn wait_device_open(child: &mut Child) {
+    let fds = format!("/proc/{}/fd", child.id());
+    wait_until(
+        &format!("rdma-demo {} opened its device", child.id()),
+        || {
+            assert_eq!(child.try_wait().unwrap(), None, "rdma-demo ended early");
+            std::fs::read_dir(&fds).is_ok_and(|d| {
+                d.filter_map(Result::ok).any(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy().starts_with("/dev/infiniband/uverbs"))
+                })
+            })
+        },
+    );
+}
+
+/// Until `child` is in its data phase (its thread renames itself `rdma-demo:data`).
+fn wait_data_phase(child: &mut Child) {
+    let comm = format!("/proc/{}/comm", child.id());
+    wait_until(
+        &format!("rdma-demo {} is in its data phase", child.id()),
+        || {
+            assert_eq!(child.try_wait().unwrap(), None, "rdma-demo ended early");
+            std::fs::read_to_string(&comm).is_ok_and(|c| c.trim() == "rdma-demo:data")
+        },
+    );
+}
+
 fn one_error_line(out: &Output) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let lines: Vec<&str> = stderr.lines().collect();
@@ -361,7 +416,7 @@ fn pingpong_two_processes_over_10_9() {
         "pingpong", "-s", "-d", "rxe1", "-e", "-i", "300", "-S", "128", "--bind", "10.9.0.2", "-p",
         "18610",
     ]);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_listening(18610);
     let client = spawn(&[
         "pingpong", "-d", "rxe0", "-i", "300", "-S", "128", "-p", "18610", "10.9.0.2",
     ]);
@@ -446,10 +501,30 @@ fn gid_index_out_of_range_or_empty() {
     assert!(one_error_line(&out).contains("GID index 200 of rxe0 port 1 is empty"));
 }
 
+/// Runs rdma-demo with `args` until it exits; returns its output and the time from when it had
+/// its device open (its setup done, under TCG on a busy machine that alone can take seconds)
+/// to its exit.
+fn time_after_setup(args: &[&str]) -> (Output, Duration) {
+    let mut child = spawn(args);
+    let fds = format!("/proc/{}/fd", child.id());
+    wait_until("rdma-demo opened its device or ended", || {
+        child.try_wait().unwrap().is_some()
+            || std::fs::read_dir(&fds).is_ok_and(|d| {
+                d.filter_map(Result::ok).any(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy().starts_with("/dev/infiniband/uverbs"))
+                })
+            })
+    });
+    let start = Instant::now();
+    let (out, _) = wait_within(child, Duration::from_secs(60), "rdma-demo");
+    (out, start.elapsed())
+}
+
 #[test]
 fn connect_refused_and_accept_timeout() {
-    let start = Instant::now();
-    let out = rdma_demo(&[
+    // --timeout 1, not the default 10 s: over well before 8 s once set up.
+    let (out, took) = time_after_setup(&[
         "pingpong",
         "-d",
         "rxe0",
@@ -459,11 +534,10 @@ fn connect_refused_and_accept_timeout() {
         "1",
         "127.0.0.1",
     ]);
-    assert!(start.elapsed() < Duration::from_secs(8));
+    assert!(took < Duration::from_secs(8), "{took:?}");
     assert_eq!(out.status.code(), Some(5));
     assert!(one_error_line(&out).contains("Connection refused"));
-    let start = Instant::now();
-    let out = rdma_demo(&[
+    let (out, took) = time_after_setup(&[
         "pingpong",
         "-s",
         "-d",
@@ -473,7 +547,7 @@ fn connect_refused_and_accept_timeout() {
         "--timeout",
         "1",
     ]);
-    assert!(start.elapsed() < Duration::from_secs(8));
+    assert!(took < Duration::from_secs(8), "{took:?}");
     assert_eq!(out.status.code(), Some(5));
     assert!(one_error_line(&out).contains("no client connected"));
 }
@@ -537,9 +611,42 @@ fn bad_exchange_messages() {
     assert!(took < Duration::from_secs(5), "{took:?}");
     let line = one_error_line(&out);
     assert!(
-        line.contains("truncated") || line.contains("sent nothing"),
+        line.contains("sent 4 of the 68 bytes of its message within 2 s"),
         "{line}"
     );
+}
+
+/// A peer that sends a byte every 100 ms gets the whole message's deadline (--timeout 1), not
+/// one per read (which would let it hold the server for 68 × 1 s).
+#[test]
+fn a_slow_drip_peer_is_cut_off_at_the_deadline_of_the_whole_message() {
+    let server = spawn(&[
+        "pingpong",
+        "-s",
+        "-d",
+        "rxe1",
+        "-p",
+        "18623",
+        "--timeout",
+        "1",
+    ]);
+    let mut s = connect_retrying(18623);
+    let start = Instant::now();
+    let drip = std::thread::spawn(move || {
+        for &b in b"RDMO\x00\x01\x00\x3c".iter().chain(&[0u8; 60]) {
+            if s.write_all(&[b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let (out, _) = wait_within(server, Duration::from_secs(10), "server");
+    let took = start.elapsed();
+    assert_eq!(out.status.code(), Some(6));
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    let line = one_error_line(&out);
+    assert!(line.contains("bytes of its message within 1 s"), "{line}");
+    drip.join().unwrap();
 }
 
 #[test]
@@ -547,7 +654,7 @@ fn mtu_mismatch_fails_both_sides() {
     let server = spawn(&[
         "pingpong", "-s", "-d", "rxe1", "-p", "18618", "--mtu", "512", "-i", "10",
     ]);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_listening(18618);
     let out = rdma_demo(&[
         "pingpong",
         "-d",
@@ -591,32 +698,36 @@ fn different_runs_on_the_two_sides_are_refused() {
     }
 }
 
-#[test]
-fn peer_dies_mid_run_in_event_mode() {
+/// Kills the client once both sides are in the data phase; the server must end within its
+/// --timeout (2 s) with one line: no completion (7), or its last answer failing for want of an
+/// ACK (8, when the kill lands while that answer is in flight).
+fn peer_dies_mid_run(mode: &str, port: &str) {
     // The client first: it retries connecting, so the server (whose short --timeout also
     // bounds its accept) connects at once however slowly the guest starts processes.
     let mut client = spawn(&[
         "pingpong",
         "-d",
         "rxe0",
-        "-e",
+        "--mode",
+        mode,
         "-p",
-        "18619",
+        port,
         "-i",
         "1000000",
         "-S",
         "64",
         "127.0.0.1",
     ]);
-    std::thread::sleep(Duration::from_millis(300));
-    let server = spawn(&[
+    wait_device_open(&mut client);
+    let mut server = spawn(&[
         "pingpong",
         "-s",
         "-d",
         "rxe1",
-        "-e",
+        "--mode",
+        mode,
         "-p",
-        "18619",
+        port,
         "-i",
         "1000000",
         "-S",
@@ -624,25 +735,32 @@ fn peer_dies_mid_run_in_event_mode() {
         "--timeout",
         "2",
     ]);
-    std::thread::sleep(Duration::from_secs(4));
-    if client.try_wait().unwrap().is_some() {
-        let out = client.wait_with_output().unwrap();
-        panic!(
-            "client ended early: {:?} {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    wait_data_phase(&mut client);
+    wait_data_phase(&mut server);
     client.kill().unwrap();
     let _ = client.wait();
     let (out, took) = wait_within(server, Duration::from_secs(10), "server");
     assert!(took < Duration::from_secs(6), "{took:?}");
-    assert_eq!(out.status.code(), Some(7));
     let line = one_error_line(&out);
-    assert!(
-        line.contains("no completion within 2 s (Event mode)"),
-        "{line}"
-    );
+    let mode_name = if mode == "poll" { "Poll" } else { "Event" };
+    match out.status.code() {
+        Some(7) => assert!(
+            line.contains(&format!("no completion within 2 s ({mode_name} mode)")),
+            "{line}"
+        ),
+        Some(8) => assert!(line.contains("work completion with error status"), "{line}"),
+        other => panic!("server exit {other:?}: {line}"),
+    }
+}
+
+#[test]
+fn peer_dies_mid_run_in_event_mode() {
+    peer_dies_mid_run("event", "18619");
+}
+
+#[test]
+fn peer_dies_mid_run_in_poll_mode() {
+    peer_dies_mid_run("poll", "18624");
 }
 
 #[test]

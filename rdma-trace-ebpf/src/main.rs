@@ -16,6 +16,10 @@
 //! No per-event ring buffer: everything is aggregated here.
 #![no_std]
 #![no_main]
+// For `core::intrinsics::atomic_xadd` (see `add_one`); the eBPF build already runs with
+// RUSTC_BOOTSTRAP for build-std.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 mod cq;
 
@@ -90,14 +94,45 @@ static IRQ_PROBE: HashMap<u32, u32> = HashMap::with_max_entries(MAX_IRQS, 0);
 static IRQ_START: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 // ---- recording
+//
+// A program can be interrupted on its CPU, and the interrupt can run another of our programs
+// that adds to the same row. Kprobe and uprobe programs cannot nest (the kernel skips one while
+// another runs on the CPU: `bpf_prog_active`). Raw tracepoint and fentry/fexit programs have at
+// most a guard per program, none across programs: a function traced by fentry/fexit that also
+// runs in hard IRQ context gets its fentry program run in an IRQ while its fexit program, on
+// the same row, is interrupted; and `napi_poll` can fire from netpoll in a hard IRQ over the
+// same tracepoint in NET_RX where the kernel has no per-program guard for raw tracepoints. A
+// plain `+= 1` (load, add, store) would then lose the inner add, so every add to ROWS is an
+// atomic add (BPF_XADD: a `lock` add on this CPU's value, uncontended and cheap).
+//
+// The start slots (KSTART, SOFTIRQ_START, IRQ_START) need no atomics: each access is one
+// aligned 8-byte load or store, so a nested program sees a whole value, and a nested entry
+// always returns before the code it interrupted goes on. Softirqs do not nest on a CPU, nor do
+// hard IRQ handlers. A traced function that runs again in an interrupt on the same CPU
+// overwrites and clears its slot: the interrupted call then finds no start and is counted as
+// unmatched, never mis-timed.
+
+/// Adds 1 to the u64 at `p` atomically. `AtomicU64::fetch_add` is not offered on this target
+/// (its spec says no compare-and-swap), but the add is a plain BPF instruction: the intrinsic
+/// with an unused result compiles to BPF_XADD, which every kernel with BPF has.
+#[inline(always)]
+fn add_one(p: *mut u64) {
+    // SAFETY: `p` points into a map value, which stays valid while the program runs, and u64
+    // fields of map values are 8-byte aligned; every writer of ROWS adds atomically.
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            p, 1,
+        )
+    };
+}
 
 #[inline(always)]
 fn count(probe: u32, counter: u32) {
     if let Some(row) = ROWS.get_ptr_mut(probe) {
-        // SAFETY: `row` points to this CPU's value of a per-CPU array; BPF programs do not
-        // re-enter on one CPU, so nothing else writes it meanwhile.
+        // SAFETY: `row` points to this CPU's value of a per-CPU array: only a reference to
+        // the field is formed, and it is written through `add_one`.
         if let Some(c) = unsafe { (*row).counters.get_mut(counter as usize) } {
-            *c += 1;
+            add_one(c);
         }
     }
 }
@@ -113,9 +148,9 @@ fn record(probe: u32, value: u64) {
         // SAFETY: a volatile read of a local that was just written.
         let slot = unsafe { core::ptr::read_volatile(&slot) };
         if let Some(s) = row.slots.get_mut(slot) {
-            *s += 1;
+            add_one(s);
         }
-        row.counters[C_RECORDED as usize] += 1;
+        add_one(&mut row.counters[C_RECORDED as usize]);
     }
 }
 
@@ -134,7 +169,7 @@ fn kentry(slot: usize) -> u32 {
     if cfg.duration != NO_PROBE {
         count(cfg.duration, C_EVENTS);
         if let Some(p) = KSTART.get_ptr_mut(slot as u32) {
-            // SAFETY: this CPU's slot of a per-CPU array, see `count`.
+            // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
             unsafe { *p = t };
         }
     }
@@ -159,7 +194,7 @@ fn kreturn(slot: usize) -> u32 {
     let cfg: KSlot = config(&KSLOTS[slot]);
     let t = now();
     if cfg.duration != NO_PROBE {
-        // SAFETY: this CPU's slot of a per-CPU array, see `count`; taken and cleared.
+        // SAFETY: this CPU's start slot, taken and cleared; see "recording" above.
         let start = KSTART
             .get_ptr_mut(slot as u32)
             .map_or(0, |p| unsafe { core::mem::replace(&mut *p, 0) });
@@ -238,7 +273,7 @@ fn watched() -> bool {
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: only the presence of the key is used.
-    unsafe { TGIDS.get(&tgid) }.is_some()
+    unsafe { TGIDS.get(tgid) }.is_some()
 }
 
 #[uprobe]
@@ -250,7 +285,7 @@ pub fn uentry(ctx: ProbeContext) -> u32 {
     let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     count(probe, C_EVENTS);
     let key = (bpf_get_current_pid_tgid() << 32) | USER_KEY | (probe as u64 & 0xFFFF);
-    let _ = USTART.insert(&key, &now(), 0);
+    let _ = USTART.insert(key, now(), 0);
     0
 }
 
@@ -263,9 +298,9 @@ pub fn ureturn(ctx: RetProbeContext) -> u32 {
     let probe = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     let key = (bpf_get_current_pid_tgid() << 32) | USER_KEY | (probe as u64 & 0xFFFF);
     // SAFETY: the value is copied out before the entry is removed.
-    match unsafe { USTART.get(&key) }.copied() {
+    match unsafe { USTART.get(key) }.copied() {
         Some(start) => {
-            let _ = USTART.remove(&key);
+            let _ = USTART.remove(key);
             record(probe, now().saturating_sub(start));
         }
         None => count(probe, C_UNMATCHED),
@@ -290,7 +325,7 @@ pub fn softirq_entry(ctx: RawTracePointContext) -> i32 {
     if let Some((vec, probe)) = softirq_probe(&ctx) {
         count(probe, C_EVENTS);
         if let Some(p) = SOFTIRQ_START.get_ptr_mut(vec) {
-            // SAFETY: this CPU's slot of a per-CPU array, see `add`.
+            // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
             unsafe { *p = now() };
         }
     }
@@ -302,7 +337,7 @@ pub fn softirq_exit(ctx: RawTracePointContext) -> i32 {
     if let Some((vec, probe)) = softirq_probe(&ctx)
         && let Some(p) = SOFTIRQ_START.get_ptr_mut(vec)
     {
-        // SAFETY: this CPU's slot of a per-CPU array, see `add`.
+        // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
         let start = unsafe { core::mem::replace(&mut *p, 0) };
         if start != 0 {
             record(probe, now().saturating_sub(start));
@@ -319,7 +354,7 @@ pub fn softirq_exit(ctx: RawTracePointContext) -> i32 {
 fn irq_probe(ctx: &RawTracePointContext) -> Option<u32> {
     let irq: u64 = ctx.arg(0);
     // SAFETY: the value is copied out of the map at once.
-    unsafe { IRQ_PROBE.get(&(irq as u32)) }.copied()
+    unsafe { IRQ_PROBE.get(irq as u32) }.copied()
 }
 
 #[raw_tracepoint(tracepoint = "irq_handler_entry")]
@@ -327,7 +362,7 @@ pub fn irq_handler_entry(ctx: RawTracePointContext) -> i32 {
     if let Some(probe) = irq_probe(&ctx) {
         count(probe, C_EVENTS);
         if let Some(p) = IRQ_START.get_ptr_mut(0) {
-            // SAFETY: this CPU's slot of a per-CPU array, see `add`.
+            // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
             unsafe { *p = now() };
         }
     }
@@ -339,7 +374,7 @@ pub fn irq_handler_exit(ctx: RawTracePointContext) -> i32 {
     if let Some(probe) = irq_probe(&ctx)
         && let Some(p) = IRQ_START.get_ptr_mut(0)
     {
-        // SAFETY: this CPU's slot of a per-CPU array, see `add`.
+        // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
         let start = unsafe { core::mem::replace(&mut *p, 0) };
         if start != 0 {
             record(probe, now().saturating_sub(start));

@@ -76,7 +76,7 @@ fn traced() -> Option<(u32, u32)> {
     let id = bpf_get_current_pid_tgid();
     let tgid = (id >> 32) as u32;
     // SAFETY: the value is only tested for presence.
-    unsafe { VERIFY_TGIDS.get(&tgid) }.map(|_| (tgid, id as u32))
+    unsafe { VERIFY_TGIDS.get(tgid) }.map(|_| (tgid, id as u32))
 }
 
 #[inline(always)]
@@ -87,7 +87,7 @@ fn fd_key(tgid: u32, fd: u64) -> u64 {
 #[inline(always)]
 fn class_of(tgid: u32, fd: u64) -> u32 {
     // SAFETY: the value is copied out at once.
-    unsafe { VERIFY_FDS.get(&fd_key(tgid, fd)) }
+    unsafe { VERIFY_FDS.get(fd_key(tgid, fd)) }
         .copied()
         .unwrap_or(CLASS_NONE)
 }
@@ -96,9 +96,9 @@ fn class_of(tgid: u32, fd: u64) -> u32 {
 fn learn(tgid: u32, fd: u64, class: u32) {
     let key = fd_key(tgid, fd);
     if class == CLASS_NONE {
-        let _ = VERIFY_FDS.remove(&key);
+        let _ = VERIFY_FDS.remove(key);
     } else {
-        let _ = VERIFY_FDS.insert(&key, &class, 0);
+        let _ = VERIFY_FDS.insert(key, class, 0);
     }
 }
 
@@ -131,11 +131,11 @@ fn is_rdma_path(ptr: u64) -> bool {
 
 #[inline(always)]
 fn bump(key: u64) {
-    match SYSCALLS.get_ptr_mut(&key) {
+    match SYSCALLS.get_ptr_mut(key) {
         // SAFETY: this CPU's copy of a per-CPU hash value; programs do not nest on one CPU.
         Some(p) => unsafe { *p += 1 },
         None => {
-            let _ = SYSCALLS.insert(&key, &1, 0);
+            let _ = SYSCALLS.insert(key, 1, 0);
         }
     }
 }
@@ -211,7 +211,7 @@ pub fn verify_sys_enter(ctx: RawTracePointContext) -> i32 {
     };
     bump(syscall_key(phase, class, nr as u32));
     if finish {
-        let _ = VERIFY_PENDING.insert(&tid, &pending, 0);
+        let _ = VERIFY_PENDING.insert(tid, pending, 0);
     }
     0
 }
@@ -223,10 +223,10 @@ pub fn verify_sys_exit(ctx: RawTracePointContext) -> i32 {
         return 0;
     };
     // SAFETY: the value is copied out before the entry is removed.
-    let Some(p) = (unsafe { VERIFY_PENDING.get(&tid) }).copied() else {
+    let Some(p) = (unsafe { VERIFY_PENDING.get(tid) }).copied() else {
         return 0;
     };
-    let _ = VERIFY_PENDING.remove(&tid);
+    let _ = VERIFY_PENDING.remove(tid);
     let ret: i64 = ctx.arg(1);
     if ret < 0 {
         return 0;

@@ -320,9 +320,13 @@ fn run_cleans_up_after_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start rdma-trace run");
-    // Wait until the probes are attached and the demo runs.
+    // Wait until the probes are attached and the demo is in its data phase.
     let start = Instant::now();
-    while !kprobes_left().contains("ib_uverbs_comp_handler") || demo_processes().is_empty() {
+    while !kprobes_left().contains("ib_uverbs_comp_handler")
+        || !demo_processes()
+            .iter()
+            .any(|c| c.trim() == "rdma-demo:data")
+    {
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "run never attached / started the demo"
@@ -333,7 +337,6 @@ fn run_cleans_up_after_sigterm() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(500));
     let pid = child.id().to_string();
     assert!(
         Command::new("kill")
@@ -505,6 +508,32 @@ fn verify_exits_with_a_failing_demos_status() {
     assert!(demo_processes().is_empty());
 }
 
+/// The attach targets of a probe of the JSON report, as the overhead block names them, and the
+/// number of programs on each: kernel-function probes are named after their function (entry
+/// and return programs); `wakeup` spans two functions; softirq, IRQ and NAPI probes use raw
+/// tracepoints (one program each); user-space probes a uprobe pair.
+fn program_targets(probe: &Value) -> (Vec<String>, usize) {
+    let name = probe["name"].as_str().expect("probe name");
+    let owned = |v: &[&str]| v.iter().map(|t| (*t).to_owned()).collect::<Vec<_>>();
+    match (probe["attach"].as_str().expect("attach"), name) {
+        ("raw_tp", n) if n.starts_with("softirq ") => {
+            (owned(&["raw_tp softirq_entry", "raw_tp softirq_exit"]), 1)
+        }
+        ("raw_tp", n) if n.starts_with("irq ") => (
+            owned(&["raw_tp irq_handler_entry", "raw_tp irq_handler_exit"]),
+            1,
+        ),
+        ("raw_tp", "napi_poll packets") => (owned(&["raw_tp napi_poll"]), 1),
+        ("uprobe", n) => (vec![format!("uprobe {n}")], 2),
+        ("kprobe" | "fentry", "wakeup") => (
+            owned(&["ib_uverbs_comp_handler", "ib_uverbs_comp_event_read"]),
+            2,
+        ),
+        ("kprobe" | "fentry", n) => (vec![n.to_owned()], 2),
+        (how, n) => panic!("probe {n} attached by {how}: teach program_targets about it"),
+    }
+}
+
 #[test]
 fn run_json_carries_self_overhead_for_every_attached_program() {
     let json = temp_json("run-overhead");
@@ -522,19 +551,47 @@ fn run_json_carries_self_overhead_for_every_attached_program() {
     let phase = &report["phases"][0];
     let o = &phase["overhead"];
     let progs = o["programs"].as_array().expect("overhead.programs");
-    // Every attached probe has its programs listed; those that ran have a cost per run.
-    let attached = phase["probes"]
+    let attached: Vec<&Value> = phase["probes"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|p| p["attach"].is_string())
-        .count();
-    assert!(
-        progs.len() >= attached.min(4),
-        "{} programs for {attached} probes: {o}",
-        progs.len()
-    );
+        .collect();
+    assert!(attached.len() >= 8, "{} attached probes", attached.len());
+    let programs_on =
+        |target: &str| -> Vec<&Value> { progs.iter().filter(|p| p["target"] == target).collect() };
+    // Every attached probe has all its programs listed: an entry and a return program per
+    // kernel function, one program per raw tracepoint. A probe that counted had them all run.
+    let mut expected = std::collections::BTreeSet::new();
+    for probe in &attached {
+        let (targets, per_target) = program_targets(probe);
+        for target in targets {
+            let on = programs_on(&target);
+            assert_eq!(
+                on.len(),
+                per_target,
+                "programs on {target} for probe {}: {o}",
+                probe["name"]
+            );
+            if probe["count"].as_u64().unwrap() > 0 {
+                for p in &on {
+                    assert!(
+                        p["runs"].as_u64().unwrap() > 0,
+                        "{} counted: {p}",
+                        probe["name"]
+                    );
+                }
+            }
+            expected.insert(target);
+        }
+    }
+    // And every program listed belongs to an attached probe, with a cost for each run.
     for p in progs {
+        let target = p["target"].as_str().expect("target");
+        assert!(
+            expected.contains(target),
+            "program of no attached probe: {p}"
+        );
         let runs = p["runs"].as_u64().expect("runs");
         if runs > 0 {
             assert!(p["ns_per_run"].as_f64().unwrap() > 0.0, "{p}");

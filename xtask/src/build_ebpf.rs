@@ -31,53 +31,18 @@ pub fn object_path() -> PathBuf {
 }
 
 pub fn run(args: &Args) -> Result<PathBuf> {
-    setup::ensure()?;
-    let toolchain = setup::ebpf_toolchain()?
-        .context("no rustup toolchain with rust-src for the eBPF build: run `cargo xtask setup`")?;
     let (profile, dir) = if args.release {
         ("RELEASE", "release")
     } else {
         ("DEV", "debug")
     };
-    let ebpf_target = target_dir().join("ebpf");
-    let path = format!(
-        "{}:{}",
-        tools_dir().join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    say(format!(
-        "building rdma-trace-ebpf ({dir}) with toolchain {toolchain}"
-    ));
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(root())
-        .arg(format!("+{toolchain}"))
-        .args(["build", "--package", "rdma-trace-ebpf", "--target", TARGET])
-        .args(["-Z", "build-std=core", "--target-dir"])
-        .arg(&ebpf_target);
+    let mut cmd = ebpf_cargo("build", profile)?;
     if args.release {
         cmd.arg("--release");
     }
-    // Settings of the cargo that runs xtask must not leak into this build.
-    for var in [
-        "RUSTC",
-        "RUSTDOC",
-        "RUSTC_WRAPPER",
-        "RUSTUP_TOOLCHAIN",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_TARGET_DIR",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.env("RUSTC_BOOTSTRAP", "1")
-        .env("PATH", path)
-        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
-        .env(format!("CARGO_PROFILE_{profile}_DEBUG"), "2")
-        .env(format!("CARGO_PROFILE_{profile}_CODEGEN_UNITS"), "1")
-        .env(format!("CARGO_PROFILE_{profile}_OPT_LEVEL"), "3")
-        .env(format!("CARGO_PROFILE_{profile}_OVERFLOW_CHECKS"), "false")
-        .env(format!("CARGO_PROFILE_{profile}_DEBUG_ASSERTIONS"), "false");
     run_cmd(&mut cmd)?;
 
+    let ebpf_target = target_dir().join("ebpf");
     let built = ebpf_target.join(TARGET).join(dir).join("rdma-trace-ebpf");
     let bytes = std::fs::read(&built).with_context(|| format!("reading {}", built.display()))?;
     check_object(&bytes).with_context(|| format!("checking {}", built.display()))?;
@@ -93,6 +58,65 @@ pub fn run(args: &Args) -> Result<PathBuf> {
         bytes.len()
     ));
     Ok(published)
+}
+
+/// `cargo clippy -D warnings` on the eBPF crate, for its target, with the eBPF toolchain
+/// (Debian's `rust-web-clippy` provides clippy for `debian-web`).
+pub fn clippy() -> Result<()> {
+    let mut cmd = ebpf_cargo("clippy", "DEV")?;
+    cmd.args(["--", "-D", "warnings"]);
+    run_cmd(&mut cmd)
+}
+
+/// `cargo +<eBPF toolchain> <subcommand> --package rdma-trace-ebpf --target bpfel-unknown-none`
+/// with build-std, the eBPF target directory and the settings of `profile` (`DEV`/`RELEASE`).
+fn ebpf_cargo(subcommand: &str, profile: &str) -> Result<Command> {
+    setup::ensure()?;
+    let toolchain = setup::ebpf_toolchain()?
+        .context("no rustup toolchain with rust-src for the eBPF build: run `cargo xtask setup`")?;
+    let ebpf_target = target_dir().join("ebpf");
+    let path = format!(
+        "{}:{}",
+        tools_dir().join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    say(format!(
+        "cargo {subcommand} rdma-trace-ebpf ({}) with toolchain {toolchain}",
+        profile.to_lowercase()
+    ));
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root())
+        .arg(format!("+{toolchain}"))
+        .args([
+            subcommand,
+            "--package",
+            "rdma-trace-ebpf",
+            "--target",
+            TARGET,
+        ])
+        .args(["-Z", "build-std=core", "--target-dir"])
+        .arg(&ebpf_target);
+    // Settings of the cargo that runs xtask must not leak into this build.
+    for var in [
+        "RUSTC",
+        "RUSTDOC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTUP_TOOLCHAIN",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("RUSTC_BOOTSTRAP", "1")
+        .env("PATH", path)
+        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
+        .env(format!("CARGO_PROFILE_{profile}_DEBUG"), "2")
+        .env(format!("CARGO_PROFILE_{profile}_CODEGEN_UNITS"), "1")
+        .env(format!("CARGO_PROFILE_{profile}_OPT_LEVEL"), "3")
+        .env(format!("CARGO_PROFILE_{profile}_OVERFLOW_CHECKS"), "false")
+        .env(format!("CARGO_PROFILE_{profile}_DEBUG_ASSERTIONS"), "false");
+    Ok(cmd)
 }
 
 /// The object is a little-endian BPF ELF with BTF and at least one program section.
@@ -112,5 +136,52 @@ fn check_object(bytes: &[u8]) -> Result<()> {
     {
         bail!("no program sections (sections: {})", names.join(" "));
     }
+    // The programs that feed the histograms can be interrupted by one of ours that adds to the
+    // same per-CPU row (see "recording" in rdma-trace-ebpf/src/main.rs): their adds must be
+    // atomic, so each of their sections has BPF_XADD instructions.
+    for section in file.sections() {
+        let name = section.name().unwrap_or_default();
+        if !RECORDING_SECTIONS.contains(&name) {
+            continue;
+        }
+        let code = section.data().context("reading a program section")?;
+        if !code.chunks_exact(8).any(is_atomic_add) {
+            bail!("section {name} has no atomic add: its histogram counts can lose adds");
+        }
+    }
     Ok(())
+}
+
+/// Sections of the programs that add to the histogram rows.
+const RECORDING_SECTIONS: &[&str] = &[
+    "kprobe",
+    "kretprobe",
+    "fentry",
+    "fexit",
+    "uprobe",
+    "uretprobe",
+    "raw_tp/softirq_entry",
+    "raw_tp/softirq_exit",
+    "raw_tp/irq_handler_entry",
+    "raw_tp/irq_handler_exit",
+    "raw_tp/napi_poll",
+];
+
+/// A 64-bit atomic add to memory: class STX, mode ATOMIC, size DW (opcode 0xdb), imm BPF_ADD (0).
+fn is_atomic_add(insn: &[u8]) -> bool {
+    insn[0] == 0xdb && insn[4..8] == [0, 0, 0, 0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_adds_are_recognised() {
+        // lock *(u64 *)(r0 + 0) += r1
+        assert!(is_atomic_add(&[0xdb, 0x10, 0, 0, 0, 0, 0, 0]));
+        // *(u64 *)(r0 + 0) = r1 (a plain store), and an atomic fetch-or.
+        assert!(!is_atomic_add(&[0x7b, 0x10, 0, 0, 0, 0, 0, 0]));
+        assert!(!is_atomic_add(&[0xdb, 0x10, 0, 0, 0x41, 0, 0, 0]));
+    }
 }

@@ -18,6 +18,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
     "rust-web-src",
+    // clippy for that toolchain: `cargo xtask test` lints the eBPF crate with it.
+    "rust-web-clippy",
     "llvm-22-dev",
     // rdma-demo: libibverbs/librdmacm, and libclang 14 for rdma-sys' bindgen.
     "libibverbs-dev",

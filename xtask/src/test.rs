@@ -4,7 +4,8 @@
 //! the `host` and `guest` test targets; unit and CLI tests (`cargo test`); host eBPF tests (the
 //! `host` targets; root); guest tests (the `guest` targets) inside the QEMU test bed on Debian
 //! 6.1 and 6.12; the main job (`cargo xtask run`) driven in tmux: live view up, `q` quits.
-//! A layer is skipped only when a flag asks for it, and the summary says so.
+//! A layer is skipped only when a flag asks for it, and the summary says so. A layer of tests
+//! that ran no test fails; the summary gives the number of tests each one ran.
 
 use std::{
     io::{BufRead, BufReader},
@@ -41,6 +42,8 @@ struct Step {
     secs: f64,
     /// `test result:` lines of the test runners it ran.
     summaries: Vec<String>,
+    /// Tests run (passed or failed), for layers of tests.
+    tests: Option<u64>,
 }
 
 enum Outcome {
@@ -68,31 +71,32 @@ pub fn run(args: &Args) -> Result<()> {
                 "clippy", "-p", package, "--test", target, "--", "-D", "warnings",
             ])?);
         }
+        // The eBPF crate, for its own target with its own toolchain (as build-ebpf builds it).
+        build_ebpf::clippy()?;
         Ok(summaries)
     });
-    step(&mut steps, "unit and CLI tests", || cargo(&["test"]));
+    test_step(&mut steps, "unit and CLI tests", || cargo(&["test"]));
 
     let host: Vec<_> = special.iter().filter(|(_, t)| t == "host").collect();
     if args.skip_host {
         skip(&mut steps, "host eBPF tests", "--skip-host was given");
     } else {
-        step(&mut steps, "host eBPF tests", || {
+        test_step(&mut steps, "host eBPF tests", || {
             if !is_root() {
                 bail!("the host eBPF tests load BPF programs: run as root, or pass --skip-host");
             }
             let mut summaries = Vec::new();
             for (package, target) in &host {
-                summaries.extend(cargo(&["test", "-p", package, "--test", target])?);
+                let s = cargo(&["test", "-p", package, "--test", target])?;
+                if tests_run(&s) == 0 {
+                    bail!("{package}/{target} ran no test");
+                }
+                summaries.extend(s);
             }
             Ok(summaries)
         });
     }
 
-    let kernels = if args.kernels.is_empty() {
-        vec![vm::Kernel::V6_1, vm::Kernel::V6_12]
-    } else {
-        args.kernels.clone()
-    };
     if args.skip_guest {
         skip(&mut steps, "guest tests", "--skip-guest was given");
     } else {
@@ -105,13 +109,17 @@ pub fn run(args: &Args) -> Result<()> {
             }
             Ok(Vec::new())
         });
-        for kernel in kernels {
+        for (kernel, not_selected) in kernel_rows(&args.kernels) {
             let name = format!("guest tests on {}", kernel.name());
+            if let Some(why) = not_selected {
+                skip(&mut steps, &name, &why);
+                continue;
+            }
             if executables.len() != guest.len() {
                 skip(&mut steps, &name, "the guest build failed");
                 continue;
             }
-            step(&mut steps, &name, || guest_tests(kernel, &executables));
+            test_step(&mut steps, &name, || guest_tests(kernel, &executables));
         }
     }
 
@@ -135,7 +143,8 @@ pub fn run(args: &Args) -> Result<()> {
             }
             Outcome::Skipped(why) => ("SKIP", format!(": {why}")),
         };
-        println!("{mark} {:<28} {:>6.1} s{detail}", s.name, s.secs);
+        let tests = s.tests.map_or(String::new(), |n| format!(", {n} tests"));
+        println!("{mark} {:<28} {:>6.1} s{tests}{detail}", s.name, s.secs);
         for line in &s.summaries {
             println!("       {line}");
         }
@@ -161,7 +170,61 @@ fn step(steps: &mut Vec<Step>, name: &str, f: impl FnOnce() -> Result<Vec<String
         outcome,
         secs: t.elapsed().as_secs_f64(),
         summaries,
+        tests: None,
     });
+}
+
+/// Every guest kernel, with why it is left out when `--kernel` did not select it (an empty
+/// selection selects all).
+fn kernel_rows(selected: &[vm::Kernel]) -> Vec<(vm::Kernel, Option<String>)> {
+    let given: Vec<String> = selected
+        .iter()
+        .map(|k| format!("--kernel {}", k.name()))
+        .collect();
+    [vm::Kernel::V6_1, vm::Kernel::V6_12]
+        .into_iter()
+        .map(|k| {
+            let left_out = !selected.is_empty() && !selected.contains(&k);
+            (
+                k,
+                left_out.then(|| format!("not selected ({} was given)", given.join(" "))),
+            )
+        })
+        .collect()
+}
+
+/// A layer of tests: as [`step`], with the number of tests it ran; a layer that ran none
+/// fails, whatever its runners' status.
+fn test_step(steps: &mut Vec<Step>, name: &str, f: impl FnOnce() -> Result<Vec<String>>) {
+    step(steps, name, f);
+    let s = steps.last_mut().expect("step pushed a row");
+    let n = tests_run(&s.summaries);
+    match s.outcome {
+        Outcome::Passed if n == 0 => {
+            eprintln!("[xtask] {name} failed: it ran no test");
+            s.outcome = Outcome::Failed("it ran no test".to_owned());
+            s.tests = Some(0);
+        }
+        Outcome::Passed => s.tests = Some(n),
+        // A failed layer's error carries its runners' results.
+        Outcome::Failed(_) | Outcome::Skipped(_) => {}
+    }
+}
+
+/// Tests run (passed + failed) according to libtest's `test result:` lines.
+fn tests_run(summaries: &[String]) -> u64 {
+    let field = |line: &str, word: &str| -> u64 {
+        line.split(';')
+            .find_map(|part| {
+                let mut it = part.split_whitespace().rev();
+                (it.next() == Some(word)).then(|| it.next()?.parse().ok())?
+            })
+            .unwrap_or(0)
+    };
+    summaries
+        .iter()
+        .map(|l| field(l, "passed") + field(l, "failed"))
+        .sum()
 }
 
 fn skip(steps: &mut Vec<Step>, name: &str, why: &str) {
@@ -171,6 +234,7 @@ fn skip(steps: &mut Vec<Step>, name: &str, why: &str) {
         outcome: Outcome::Skipped(why.to_owned()),
         secs: 0.0,
         summaries: Vec::new(),
+        tests: None,
     });
 }
 
@@ -382,6 +446,11 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
             executables.len()
         );
     }
+    for (exe, line) in executables.iter().zip(&summaries) {
+        if tests_run(std::slice::from_ref(line)) == 0 {
+            bail!("{} ran no test in the guest: {line}", exe.display());
+        }
+    }
     if code != 0 {
         bail!(
             "guest tests failed (status {code}): {}",
@@ -389,4 +458,58 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
         );
     }
     Ok(summaries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tests_run_counts_passed_and_failed() {
+        let lines = [
+            "test result: ok. 7 passed; 0 failed; 2 ignored; 0 measured; 47 filtered out; finished in 1.79s".to_owned(),
+            "test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.2s".to_owned(),
+            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s".to_owned(),
+        ];
+        assert_eq!(tests_run(&lines), 11);
+        assert_eq!(tests_run(&lines[2..]), 0);
+        assert_eq!(tests_run(&[]), 0);
+    }
+
+    #[test]
+    fn a_kernel_left_out_gets_a_skip_row_with_the_reason() {
+        let rows = kernel_rows(&[vm::Kernel::V6_1]);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0], (vm::Kernel::V6_1, None));
+        assert_eq!(
+            rows[1],
+            (
+                vm::Kernel::V6_12,
+                Some("not selected (--kernel 6.1 was given)".to_owned())
+            )
+        );
+        assert!(kernel_rows(&[]).iter().all(|(_, why)| why.is_none()));
+    }
+
+    #[test]
+    fn a_layer_that_ran_no_test_fails() {
+        let mut steps = Vec::new();
+        test_step(&mut steps, "empty", || {
+            Ok(vec![
+                "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s".to_owned(),
+            ])
+        });
+        test_step(&mut steps, "one", || {
+            Ok(vec![
+                "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s".to_owned(),
+            ])
+        });
+        assert!(
+            matches!(&steps[0].outcome, Outcome::Failed(why) if why == "it ran no test"),
+            "a layer of 0 tests passed"
+        );
+        assert_eq!(steps[0].tests, Some(0));
+        assert!(matches!(steps[1].outcome, Outcome::Passed));
+        assert_eq!(steps[1].tests, Some(1));
+    }
 }

@@ -2,19 +2,28 @@
 //! format, over HTTP, for as long as it runs. It spawns nothing: it traces whatever runs.
 //!
 //! The eBPF maps only ever grow, so every series is a counter or a cumulative histogram, as
-//! Prometheus wants them. Buckets are the powers of two (1 ns … 2^36 ns ≈ 69 s, in seconds): the
-//! eBPF slots split each power of two in four, so those bounds are exact cumulative counts.
-//! `_sum` is estimated from the slot midpoints (each within 12.5 % of its values).
+//! Prometheus wants them. A bucket counts the values less than or equal to its `le`. The eBPF
+//! side records whole numbers (nanoseconds, packets) in slots that split each power of two in
+//! four, so the bounds are put where slots end: at 2^k − 1 for k = 0 … 36 (nanoseconds, written
+//! in seconds: `le="0.000001023"` holds every value up to 1023 ns) and k = 0 … 10 (packets:
+//! `le="63"` holds polls of up to 63 packets, a poll of 64 is in `le="127"`). Every bucket count
+//! is exact. `_sum` is estimated from the slot midpoints (each within 12.5 % of its values).
 //!
 //! The HTTP side is a minimal HTTP/1.x responder on a tokio `TcpListener`: `GET /metrics`
 //! (or `/`) answers the text rendered at the last refresh, anything else 404/405; one request
-//! per connection.
+//! per connection. At most [`MAX_CONNECTIONS`] are served at once (the others wait in the
+//! listen backlog); each has [`REQUEST_TIMEOUT`] for its whole request and response, however
+//! slowly its bytes come; a failed accept (out of descriptors) pauses accepting, doubling the
+//! pause up to one second, instead of retrying at once.
 
 use std::{
     collections::BTreeSet,
     fmt::Write as _,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -24,6 +33,7 @@ use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
     signal::unix::{SignalKind, signal},
+    sync::Semaphore,
 };
 
 use crate::{
@@ -64,6 +74,30 @@ const NS_MAX_POW: u32 = 36;
 const PACKETS_MAX_POW: u32 = 10;
 /// Requests larger than this are refused.
 const MAX_REQUEST: usize = 8192;
+/// Connections served at once; further ones wait in the listen backlog until one ends.
+const MAX_CONNECTIONS: usize = 32;
+/// Time a connection has for its whole request and our response.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the HTTP side allows (tests use smaller values).
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    connections: usize,
+    request_timeout: Duration,
+    /// First pause after a failed accept; each further failure in a row doubles it, up to
+    /// `backoff_max`.
+    backoff_min: Duration,
+    backoff_max: Duration,
+}
+
+impl Limits {
+    const DEFAULT: Limits = Limits {
+        connections: MAX_CONNECTIONS,
+        request_timeout: REQUEST_TIMEOUT,
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_secs(1),
+    };
+}
 
 pub async fn run(args: &Args) -> Result<()> {
     let kernel = Kernel::live();
@@ -102,25 +136,71 @@ pub async fn run(args: &Args) -> Result<()> {
     let mut tick = tokio::time::interval(args.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let server = tokio::spawn(serve_http(
+        listener,
+        Arc::clone(&page),
+        Limits::DEFAULT,
+        Arc::new(AtomicU64::new(0)),
+    ));
+    // Aborts the server (and so closes the listener) however this function ends.
+    let _server = AbortOnDrop(server);
     loop {
         tokio::select! {
             _ = tick.tick() => refresh(&page)?,
-            conn = listener.accept() => match conn {
-                Ok((stream, _)) => {
-                    let page = Arc::clone(&page);
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(Duration::from_secs(10), serve(stream, &page)).await;
-                    });
-                }
-                // Out of descriptors and the like: keep serving the others.
-                Err(e) => eprintln!("rdma-trace: accepting a connection: {e}"),
-            },
             r = tokio::signal::ctrl_c() => { r.context("listening for Ctrl-C")?; break; }
             _ = term.recv() => break,
         }
     }
     eprintln!("rdma-trace: stopped; probes detached");
     Ok(())
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Accepts and serves connections for as long as it runs: at most `limits.connections` at
+/// once, each within `limits.request_timeout` as a whole. A failed accept (EMFILE, ENFILE,
+/// ENOBUFS...) is counted in `accept_errors` and pauses accepting: the pending connection keeps
+/// the listener readable, so retrying at once would spin.
+async fn serve_http(
+    listener: TcpListener,
+    page: Arc<Mutex<String>>,
+    limits: Limits,
+    accept_errors: Arc<AtomicU64>,
+) {
+    let slots = Arc::new(Semaphore::new(limits.connections));
+    let mut pause = Duration::ZERO;
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                pause = Duration::ZERO;
+                let page = Arc::clone(&page);
+                tokio::spawn(async move {
+                    let _ =
+                        tokio::time::timeout(limits.request_timeout, serve(stream, &page)).await;
+                    drop(slot);
+                });
+            }
+            Err(e) => {
+                drop(slot);
+                accept_errors.fetch_add(1, Ordering::Relaxed);
+                pause = (pause * 2).clamp(limits.backoff_min, limits.backoff_max);
+                eprintln!(
+                    "rdma-trace: accepting a connection: {e} (next try in {} ms)",
+                    pause.as_millis()
+                );
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
 }
 
 /// One request, one response, then close.
@@ -336,11 +416,28 @@ fn render(
     out
 }
 
+/// An `le` bound for whole value `v`: packets as they are, nanoseconds as exact decimal seconds
+/// (`1023` → `0.000001023`), never rounded through a float.
+fn le_value(v: u64, unit: Unit) -> String {
+    match unit {
+        Unit::Packets => v.to_string(),
+        Unit::Nanoseconds => {
+            let (s, ns) = (v / 1_000_000_000, v % 1_000_000_000);
+            if ns == 0 {
+                s.to_string()
+            } else {
+                format!("{s}.{ns:09}").trim_end_matches('0').to_owned()
+            }
+        }
+    }
+}
+
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
-/// `_bucket` lines at the powers of two, `+Inf`, `_sum` (slot midpoints) and `_count`.
+/// `_bucket` lines at 2^k − 1 (the last whole value below each power of two, where the slots
+/// end), `+Inf`, `_sum` (slot midpoints) and `_count`.
 fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram, unit: Unit) {
     let (scale, max_pow) = match unit {
         Unit::Nanoseconds => (1e-9, NS_MAX_POW),
@@ -351,14 +448,15 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram, unit: Un
     let mut cumulative = 0u64;
     let mut next = 0usize;
     for k in 0..=max_pow {
-        let bound = 1u64 << k;
-        // Slots never straddle a power of two, so this count is exact.
-        while next < slots.len() && slot_bounds(next as u32).1 <= bound {
+        let end = 1u64 << k;
+        // Slots hold whole values in [lo, hi) and never straddle a power of two: the slots
+        // with hi <= 2^k hold exactly the values <= 2^k - 1.
+        while next < slots.len() && slot_bounds(next as u32).1 <= end {
             cumulative += slots[next];
             next += 1;
         }
-        let le = bound as f64 * scale;
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le:e}\"}} {cumulative}");
+        let le = le_value(end - 1, unit);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
     }
     let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
     let sum: f64 = slots
@@ -404,8 +502,65 @@ mod tests {
             .unwrap()
     }
 
+    /// An `le` back to a whole value of the unit, exactly (no float on the way).
+    fn le_whole(le: &str, unit: Unit) -> u64 {
+        match unit {
+            Unit::Packets => le.parse().unwrap(),
+            Unit::Nanoseconds => {
+                let (s, frac) = le.split_once('.').unwrap_or((le, ""));
+                assert!(frac.len() <= 9, "{le}");
+                s.parse::<u64>().unwrap() * 1_000_000_000
+                    + format!("{frac:0<9}").parse::<u64>().unwrap()
+            }
+        }
+    }
+
+    /// `(le, count)` of every `_bucket` line but `+Inf`, in order.
+    fn buckets(text: &str) -> Vec<(String, u64)> {
+        text.lines()
+            .filter(|l| l.contains("_bucket{") && !l.contains("+Inf"))
+            .map(|l| {
+                let le = l.split("le=\"").nth(1).unwrap().split('"').next().unwrap();
+                (
+                    le.to_owned(),
+                    l.rsplit(' ').next().unwrap().parse().unwrap(),
+                )
+            })
+            .collect()
+    }
+
     #[test]
-    fn buckets_are_cumulative_exact_and_in_seconds() {
+    fn every_bucket_counts_exactly_the_values_up_to_its_le() {
+        for (unit, max_pow) in [
+            (Unit::Nanoseconds, NS_MAX_POW),
+            (Unit::Packets, PACKETS_MAX_POW),
+        ] {
+            // On every edge 2^k - 1, one below it, and the two above it (2^k, 2^k + 1), up to
+            // past the last bound.
+            let values: Vec<u64> = (0..=max_pow + 1)
+                .flat_map(|k| {
+                    let edge = (1u64 << k) - 1;
+                    [edge.saturating_sub(1), edge, edge + 1, edge + 2]
+                })
+                .collect();
+            let mut out = String::new();
+            histogram(&mut out, "m", "p=\"x\"", &hist(&values), unit);
+            let b = buckets(&out);
+            assert_eq!(b.len(), max_pow as usize + 1, "{out}");
+            for (k, (le, count)) in b.iter().enumerate() {
+                let bound = le_whole(le, unit);
+                assert_eq!(bound, (1u64 << k) - 1, "le={le} ({unit:?})");
+                let want = values.iter().filter(|&&v| v <= bound).count() as u64;
+                assert_eq!(*count, want, "le={le} ({unit:?}): values {values:?}");
+            }
+            let n = values.len() as f64;
+            assert_eq!(value(&out, "m_bucket{p=\"x\",le=\"+Inf\"}"), n);
+            assert_eq!(value(&out, "m_count{p=\"x\"}"), n);
+        }
+    }
+
+    #[test]
+    fn buckets_are_cumulative_and_in_seconds() {
         let mut out = String::new();
         // 3 values in [1024, 2048) ns, 1 in [4096, 8192) ns, 1 huge (beyond the last bound).
         histogram(
@@ -415,42 +570,41 @@ mod tests {
             &hist(&[1500, 1100, 2000, 5000, 1 << 40]),
             Unit::Nanoseconds,
         );
-        assert_eq!(value(&out, "m_bucket{probe=\"p\",le=\"1.024e-6\"}"), 0.0);
-        assert_eq!(value(&out, "m_bucket{probe=\"p\",le=\"2.048e-6\"}"), 3.0);
-        assert_eq!(value(&out, "m_bucket{probe=\"p\",le=\"4.096e-6\"}"), 3.0);
-        assert_eq!(value(&out, "m_bucket{probe=\"p\",le=\"8.192e-6\"}"), 4.0);
+        assert_eq!(value(&out, "m_bucket{probe=\"p\",le=\"0.000001023\"}"), 0.0);
+        assert_eq!(value(&out, "m_bucket{probe=\"p\",le=\"0.000002047\"}"), 3.0);
+        assert_eq!(value(&out, "m_bucket{probe=\"p\",le=\"0.000004095\"}"), 3.0);
+        assert_eq!(value(&out, "m_bucket{probe=\"p\",le=\"0.000008191\"}"), 4.0);
+        assert_eq!(
+            value(&out, "m_bucket{probe=\"p\",le=\"68.719476735\"}"),
+            4.0
+        );
         assert_eq!(value(&out, "m_bucket{probe=\"p\",le=\"+Inf\"}"), 5.0);
         assert_eq!(value(&out, "m_count{probe=\"p\"}"), 5.0);
         let sum = value(&out, "m_sum{probe=\"p\"}");
         let truth = (1500 + 1100 + 2000 + 5000 + (1u64 << 40)) as f64 * 1e-9;
         assert!((sum - truth).abs() / truth < 0.125, "{sum} vs {truth}");
-        // Cumulative: never decreasing.
-        let counts: Vec<f64> = out
-            .lines()
-            .filter(|l| l.starts_with("m_bucket"))
-            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
-            .collect();
-        assert_eq!(counts.len(), NS_MAX_POW as usize + 2);
-        assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
+        // Cumulative: never decreasing; bounds increasing and parseable as floats.
+        let b = buckets(&out);
+        assert!(b.windows(2).all(|w| w[0].1 <= w[1].1), "{b:?}");
+        let les: Vec<f64> = b.iter().map(|(le, _)| le.parse().unwrap()).collect();
+        assert!(les.windows(2).all(|w| w[0] < w[1]), "{les:?}");
+        assert_eq!(le_value(1_000_000_000, Unit::Nanoseconds), "1");
+        assert_eq!(le_value(0, Unit::Nanoseconds), "0");
     }
 
     #[test]
-    fn packet_histograms_stay_unitless() {
+    fn a_poll_of_64_packets_is_not_in_le_63() {
         let mut out = String::new();
         histogram(
             &mut out,
             "p",
             "a=\"b\"",
-            &hist(&[1, 1, 64, 64, 64]),
+            &hist(&[1, 1, 63, 64, 64, 64]),
             Unit::Packets,
         );
-        assert_eq!(value(&out, "p_bucket{a=\"b\",le=\"2e0\"}"), 2.0);
-        assert_eq!(
-            value(&out, "p_bucket{a=\"b\",le=\"6.4e1\"}"),
-            2.0,
-            "64 is in [64, 128)"
-        );
-        assert_eq!(value(&out, "p_bucket{a=\"b\",le=\"1.28e2\"}"), 5.0);
+        assert_eq!(value(&out, "p_bucket{a=\"b\",le=\"1\"}"), 2.0);
+        assert_eq!(value(&out, "p_bucket{a=\"b\",le=\"63\"}"), 3.0, "64 > 63");
+        assert_eq!(value(&out, "p_bucket{a=\"b\",le=\"127\"}"), 6.0);
     }
 
     #[test]
@@ -476,5 +630,161 @@ mod tests {
         assert!(mlx.contains("device=\"mlx5_0\""), "{mlx}");
         let generic = l.of(find("ib_uverbs_comp_handler"));
         assert!(generic.contains("device=\"mlx5_0,rxe0,rxe1\""), "{generic}");
+    }
+
+    // ---- the HTTP side, on a local listener
+
+    const GET: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n";
+
+    /// A server on 127.0.0.1 serving the page "hello"; returns its address and its counter of
+    /// failed accepts.
+    async fn start(limits: Limits) -> (SocketAddr, Arc<AtomicU64>, AbortOnDrop) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let errors = Arc::new(AtomicU64::new(0));
+        let page = Arc::new(Mutex::new("hello\n".to_owned()));
+        let server = tokio::spawn(serve_http(listener, page, limits, Arc::clone(&errors)));
+        (addr, errors, AbortOnDrop(server))
+    }
+
+    async fn response(s: &mut TcpStream, within: Duration) -> Option<String> {
+        let mut buf = Vec::new();
+        tokio::time::timeout(within, s.read_to_end(&mut buf))
+            .await
+            .ok()
+            .map(|r| {
+                r.unwrap();
+                String::from_utf8_lossy(&buf).into_owned()
+            })
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+        let (addr, _, _server) = start(Limits {
+            connections: 2,
+            request_timeout: Duration::from_secs(60),
+            ..Limits::DEFAULT
+        })
+        .await;
+        // Two idle connections take both slots (they are accepted first: the backlog is FIFO).
+        let idle1 = TcpStream::connect(addr).await.unwrap();
+        let _idle2 = TcpStream::connect(addr).await.unwrap();
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        third.write_all(GET).await.unwrap();
+        assert_eq!(
+            response(&mut third, Duration::from_millis(500)).await,
+            None,
+            "a third connection was served while two held both slots"
+        );
+        drop(idle1);
+        let r = response(&mut third, Duration::from_secs(10))
+            .await
+            .expect("served once a slot was free");
+        assert!(
+            r.starts_with("HTTP/1.1 200 OK") && r.ends_with("hello\n"),
+            "{r}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_slow_drip_request_is_cut_off_as_a_whole() {
+        let (addr, _, _server) = start(Limits {
+            request_timeout: Duration::from_secs(1),
+            ..Limits::DEFAULT
+        })
+        .await;
+        let (mut rx, mut tx) = TcpStream::connect(addr).await.unwrap().into_split();
+        let start = std::time::Instant::now();
+        // One byte every 50 ms, each well within any per-read timeout, and never the end of the
+        // headers: only a deadline on the whole request ends it.
+        let drip = async {
+            for &b in GET[..GET.len() - 2].iter().cycle() {
+                if tx.write_all(&[b]).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let mut buf = [0u8; 64];
+        tokio::select! {
+            r = rx.read(&mut buf) => assert!(matches!(r, Ok(0) | Err(_)), "{r:?}"),
+            _ = drip => {}
+            _ = tokio::time::sleep(Duration::from_secs(10)) => panic!("still open after 10 s"),
+        }
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(900), "closed after {took:?}");
+        assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    }
+
+    /// Set by the EMFILE test for the copy of this test binary it runs.
+    const EMFILE_CHILD: &str = "RDMA_TRACE_TEST_EMFILE_CHILD";
+
+    #[test]
+    fn out_of_descriptors_pauses_accepting_instead_of_spinning() {
+        if std::env::var_os(EMFILE_CHILD).is_none() {
+            // RLIMIT_NOFILE is per process: lower it in a copy of this binary running only
+            // this test, not under the other tests running in parallel here.
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "cmd::export::tests::out_of_descriptors_pauses_accepting_instead_of_spinning",
+                    "--test-threads=1",
+                    "--nocapture",
+                ])
+                .env(EMFILE_CHILD, "1")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            // The last lines say why (a spinning loop logs a line per failed accept).
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            assert!(out.status.success(), "child failed:\n{}", tail.join("\n"));
+            assert!(text.contains("1 passed"), "the child ran no test: {text}");
+            return;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (addr, errors, _server) = start(Limits::DEFAULT).await;
+            let mut client = TcpStream::connect(addr).await.unwrap();
+            client.write_all(GET).await.unwrap();
+            // Use up the descriptors: a soft limit just above what is open, then /dev/null.
+            let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: getrlimit/setrlimit read and write the rlimit struct passed.
+            assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+            lim.rlim_cur = open + 16;
+            // SAFETY: as above; lowering the soft limit needs no privilege.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+            let mut fillers = Vec::new();
+            loop {
+                match std::fs::File::open("/dev/null") {
+                    Ok(f) => fillers.push(f),
+                    Err(e) => {
+                        assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e}");
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let failed = errors.load(Ordering::Relaxed);
+            // 10 + 20 + 40 + ... ms: 7 tries in the first second; a spinning loop makes
+            // hundreds of thousands.
+            assert!(
+                failed >= 1,
+                "accept never failed: the test did not run out of fds"
+            );
+            assert!(failed <= 12, "{failed} failed accepts in 1 s: spinning");
+            drop(fillers);
+            let r = response(&mut client, Duration::from_secs(10))
+                .await
+                .expect("served once descriptors were free again");
+            assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+        });
     }
 }
