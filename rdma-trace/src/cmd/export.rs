@@ -23,7 +23,6 @@ use rdma_trace_common::{C_EVENTS, C_UNMATCHED, slot_bounds};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
-    signal::unix::{SignalKind, signal},
 };
 
 use crate::{
@@ -101,7 +100,6 @@ pub async fn run(args: &Args) -> Result<()> {
     refresh(&page)?;
     let mut tick = tokio::time::interval(args.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
     loop {
         tokio::select! {
             _ = tick.tick() => refresh(&page)?,
@@ -115,8 +113,7 @@ pub async fn run(args: &Args) -> Result<()> {
                 // Out of descriptors and the like: keep serving the others.
                 Err(e) => eprintln!("rdma-trace: accepting a connection: {e}"),
             },
-            r = tokio::signal::ctrl_c() => { r.context("listening for Ctrl-C")?; break; }
-            _ = term.recv() => break,
+            _ = crate::signals::stopped() => break,
         }
     }
     eprintln!("rdma-trace: stopped; probes detached");
