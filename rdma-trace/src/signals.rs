@@ -107,7 +107,7 @@ pub fn listen() -> Result<()> {
 async fn first_of(streams: &mut [(i32, tokio::signal::unix::Signal)]) -> i32 {
     std::future::poll_fn(|cx| {
         for (sig, s) in streams.iter_mut() {
-            if let std::task::Poll::Ready(_) = s.poll_recv(cx) {
+            if s.poll_recv(cx).is_ready() {
                 return std::task::Poll::Ready(*sig);
             }
         }

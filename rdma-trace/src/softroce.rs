@@ -249,7 +249,7 @@ fn claim(dir: &Path) -> Result<Claim> {
         let previous = read_pid(&mut file);
         file.set_len(0).context("truncating the lock file")?;
         file.rewind().context("the lock file")?;
-        write!(file, "{}\n", std::process::id()).context("writing the lock file")?;
+        writeln!(file, "{}", std::process::id()).context("writing the lock file")?;
         return Ok(Claim::Ours(Owner {
             _file: file,
             path,
