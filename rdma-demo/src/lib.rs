@@ -12,6 +12,7 @@ pub mod devices;
 pub mod endpoint;
 pub mod error;
 pub mod exchange;
+pub mod limits;
 pub mod phase;
 pub mod pingpong;
 pub mod stats;

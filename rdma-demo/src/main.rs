@@ -14,7 +14,7 @@ use rdma_demo::devices::{self, DevicesError};
 use rdma_demo::endpoint::{EndpointOptions, Fault};
 use rdma_demo::error::{DemoError, EXIT_CODES_HELP, exit};
 use rdma_demo::exchange;
-use rdma_demo::{atomic, pingpong, write_read};
+use rdma_demo::{atomic, limits, pingpong, write_read};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -161,10 +161,10 @@ struct PingPongArgs {
     #[command(flatten)]
     common: CommonArgs,
     /// Round trips
-    #[arg(short = 'i', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(short = 'i', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
     iterations: u32,
     /// Message size in bytes
-    #[arg(short = 'S', long, value_name = "BYTES", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(8..=1_048_576))]
+    #[arg(short = 'S', long, value_name = "BYTES", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(i64::from(limits::MIN_SIZE)..=i64::from(limits::MAX_SIZE)))]
     size: u32,
 }
 
@@ -173,10 +173,10 @@ struct WriteReadArgs {
     #[command(flatten)]
     common: CommonArgs,
     /// WRITE + READ-back rounds
-    #[arg(short = 'i', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(short = 'i', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
     iterations: u32,
     /// Buffer size in bytes
-    #[arg(short = 'S', long, value_name = "BYTES", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(8..=1_048_576))]
+    #[arg(short = 'S', long, value_name = "BYTES", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(i64::from(limits::MIN_SIZE)..=i64::from(limits::MAX_SIZE)))]
     size: u32,
 }
 
@@ -185,7 +185,7 @@ struct AtomicArgs {
     #[command(flatten)]
     common: CommonArgs,
     /// Rounds per client (FADD, lock, check, unlock)
-    #[arg(short = 'i', long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(short = 'i', long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
     iterations: u32,
     /// Clients at once: the server waits for this many, the client side starts this many
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=atomic::MAX_CLIENTS as i64))]
@@ -503,6 +503,25 @@ mod tests {
             "9  verification failed",
         ] {
             assert!(help.contains(line), "{help}");
+        }
+    }
+
+    #[test]
+    fn iteration_and_size_bounds_are_the_shared_limits() {
+        use rdma_demo::limits::{MAX_ITERATIONS, MAX_SIZE, MIN_SIZE};
+        let parses = |args: &[&str]| {
+            Cli::try_parse_from([&["rdma-demo"][..], args, &["-s"]].concat()).is_ok()
+        };
+        let n = |v: u32| v.to_string();
+        for demo in ["pingpong", "write-read", "atomic"] {
+            assert!(parses(&[demo, "-i", &n(MAX_ITERATIONS)]), "{demo}");
+            assert!(!parses(&[demo, "-i", &n(MAX_ITERATIONS + 1)]), "{demo}");
+        }
+        for demo in ["pingpong", "write-read"] {
+            assert!(parses(&[demo, "-S", &n(MIN_SIZE)]), "{demo}");
+            assert!(!parses(&[demo, "-S", &n(MIN_SIZE - 1)]), "{demo}");
+            assert!(parses(&[demo, "-S", &n(MAX_SIZE)]), "{demo}");
+            assert!(!parses(&[demo, "-S", &n(MAX_SIZE + 1)]), "{demo}");
         }
     }
 

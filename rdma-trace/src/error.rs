@@ -5,6 +5,12 @@
 #[error("{0}")]
 pub struct Unsupported(pub String);
 
+/// The bundled rdma-demo that `run` or `verify` spawned failed (exit code 5); the message
+/// carries the demo's own status and what it said.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DemoFailed(pub String);
+
 /// Exit codes, documented in `--help`.
 pub mod exit {
     pub const OK: u8 = 0;
@@ -12,4 +18,6 @@ pub mod exit {
     pub const UNSUPPORTED: u8 = 3;
     /// `verify`: the data phase touched a socket.
     pub const SOCKET_IN_DATA_PHASE: u8 = 4;
+    /// `run`, `verify`: the bundled rdma-demo failed (its own status is in the message).
+    pub const DEMO_FAILED: u8 = 5;
 }

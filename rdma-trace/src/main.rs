@@ -6,11 +6,13 @@ mod elf;
 mod error;
 mod hist;
 mod kernel;
+mod output;
 mod overhead;
 mod plan;
 mod probes;
 mod report;
 mod session;
+mod signals;
 mod softroce;
 mod tui;
 
@@ -25,10 +27,13 @@ use crate::error::{Unsupported, exit};
     name = "rdma-trace",
     version,
     about = "Latency histograms of the Linux RDMA completion path, with eBPF",
-    after_help = "Exit codes: 0 ok; 1 failure; 2 bad usage; 3 the kernel or privileges lack what a probe \
-                  needs (no kprobes, no such function, not root); 4 `verify` saw a socket syscall in the \
-                  data phase. With a COMMAND, a command that fails \
-                  makes rdma-trace exit with its status.\n\n\
+    after_help = "Exit codes: 0 ok (also a window ended by --duration, and Ctrl-C ending a collection \
+                  that runs until stopped); 1 failure; 2 bad usage; 3 the kernel or privileges lack what \
+                  a probe needs (no kprobes, no such function, not root); 4 `verify` saw a socket syscall \
+                  in the data phase; 5 the bundled rdma-demo of `run` or `verify` failed (its own status \
+                  is printed); 129, 130, 143 `run` or `verify` stopped by SIGHUP, SIGINT, SIGTERM. With \
+                  a COMMAND (`funclat -- COMMAND`), a command that fails makes rdma-trace exit with its \
+                  status.\n\n\
                   Examples:\n  sudo rdma-trace run --mode both --json report.json\n  \
                   sudo rdma-trace softirqs --duration 5\n  \
                   sudo rdma-trace verify --demo write-read --mode event\n  \
@@ -100,6 +105,14 @@ fn main() -> ExitCode {
         ),
         _ => None,
     };
+    // Before anything is created: from here on SIGINT, SIGTERM and SIGHUP unwind (detaching
+    // probes, ending children, removing the temporary device) instead of killing.
+    if generated.is_none()
+        && let Err(e) = signals::install()
+    {
+        eprintln!("rdma-trace: {e:#}");
+        return ExitCode::from(exit::FAILURE);
+    }
     if let Some(r) = generated {
         return match r {
             Ok(()) => ExitCode::from(exit::OK),
@@ -120,6 +133,7 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
+        signals::listen()?;
         match &cli.cmd {
             Cmd::Softirqs(a) => cmd::softirqs::run(a).await.map(|()| None),
             Cmd::Funclat(a) => cmd::funclat::run(a).await,
@@ -139,7 +153,11 @@ fn main() -> ExitCode {
         Ok(_) => ExitCode::from(exit::OK),
         Err(e) => {
             eprintln!("rdma-trace: {e:#}");
-            if e.downcast_ref::<cmd::verify::SocketInDataPhase>().is_some() {
+            if let Some(signals::Stopped(s)) = e.downcast_ref::<signals::Stopped>() {
+                ExitCode::from(s.exit_code())
+            } else if e.downcast_ref::<error::DemoFailed>().is_some() {
+                ExitCode::from(exit::DEMO_FAILED)
+            } else if e.downcast_ref::<cmd::verify::SocketInDataPhase>().is_some() {
                 ExitCode::from(exit::SOCKET_IN_DATA_PHASE)
             } else if e.downcast_ref::<Unsupported>().is_some() {
                 ExitCode::from(exit::UNSUPPORTED)
@@ -160,6 +178,26 @@ mod tests {
         assert_eq!(parse_seconds("0.25").unwrap(), Duration::from_millis(250));
         for bad in ["0", "-1", "abc", "inf", "NaN", ""] {
             assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn demo_flags_outside_the_demos_limits_are_refused_before_anything_runs() {
+        use rdma_demo::limits::{MAX_ITERATIONS, MAX_SIZE, MIN_SIZE};
+        let parses =
+            |args: &[&str]| Cli::try_parse_from([&["rdma-trace"][..], args].concat()).is_ok();
+        for sub in ["run", "verify"] {
+            let (max_i, over_i) = (MAX_ITERATIONS.to_string(), (MAX_ITERATIONS + 1).to_string());
+            let (min_s, under_s) = (MIN_SIZE.to_string(), (MIN_SIZE - 1).to_string());
+            let (max_s, over_s) = (MAX_SIZE.to_string(), (MAX_SIZE + 1).to_string());
+            assert!(parses(&[sub, "-i", &max_i]), "{sub} -i {max_i}");
+            assert!(!parses(&[sub, "-i", &over_i]), "{sub} -i {over_i}");
+            assert!(!parses(&[sub, "-i", "0"]), "{sub} -i 0");
+            assert!(parses(&[sub, "-S", &min_s]), "{sub} -S {min_s}");
+            assert!(!parses(&[sub, "-S", &under_s]), "{sub} -S {under_s}");
+            assert!(!parses(&[sub, "-S", "1"]), "{sub} -S 1");
+            assert!(parses(&[sub, "-S", &max_s]), "{sub} -S {max_s}");
+            assert!(!parses(&[sub, "-S", &over_s]), "{sub} -S {over_s}");
         }
     }
 

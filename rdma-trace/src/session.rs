@@ -43,11 +43,14 @@ impl Session {
                 reasons.join("; ")
             ))));
         }
-        Ok(Self {
+        let session = Self {
             plan,
             outcomes,
             bpf,
-        })
+        };
+        // A stop signal while attaching (it can take seconds): detach again before going on.
+        crate::signals::check()?;
+        Ok(session)
     }
 
     /// Ids of the attached probes.

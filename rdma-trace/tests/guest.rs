@@ -13,6 +13,9 @@ use serde_json::Value;
 
 const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
 
+#[path = "guest/hardening.rs"]
+mod hardening;
+
 /// Index of the RoCE v2 GID of `dev` that maps IPv4 address `ip` (from sysfs).
 fn roce_v2_gid_index(dev: &str, ip: [u8; 4]) -> u32 {
     let want = format!(
@@ -85,11 +88,10 @@ fn read_json(path: &PathBuf) -> Value {
     v
 }
 
-/// Registered kprobes (perf and tracefs ones alike) and tracefs kprobe events.
+/// Registered kprobes (perf and tracefs ones alike) and tracefs kprobe events. Panics when they
+/// cannot be read, rather than pass as none.
 fn kprobes_left() -> String {
-    let list = std::fs::read_to_string("/sys/kernel/debug/kprobes/list").unwrap_or_default();
-    let events = std::fs::read_to_string("/sys/kernel/tracing/kprobe_events").unwrap_or_default();
-    list + &events
+    hardening::kprobes_strict()
 }
 
 fn demo_processes() -> Vec<String> {
@@ -499,10 +501,15 @@ fn verify_fails_and_names_the_calls_when_the_data_phase_sends_over_tcp() {
 }
 
 #[test]
-fn verify_exits_with_a_failing_demos_status() {
-    // rdma-demo exits 3 for an unknown device; verify passes that on, with the demo's message.
+fn verify_reports_a_failing_demo_as_such() {
+    // rdma-demo exits 3 for an unknown device; verify reports that (exit 5, no verdict), with
+    // the demo's status and message.
     let (code, text, report) = verify(&["-d", "rxe9"], "verify-rxe9");
-    assert_eq!(code, Some(3), "{text}");
+    assert_eq!(code, Some(5), "{text}");
+    assert!(
+        text.contains("failed with status 3 (no or unknown RDMA device)"),
+        "{text}"
+    );
     assert!(text.contains("rxe9"), "{text}");
     assert!(report.is_null(), "no verdict for a failed demo: {report}");
     assert!(demo_processes().is_empty());

@@ -140,6 +140,26 @@ fn funclat_on_unknown_function_is_one_line_and_exit_3() {
 }
 
 #[test]
+fn a_json_path_that_cannot_be_written_is_refused_before_attaching() {
+    let out = rdma_trace(&[
+        "softirqs",
+        "--duration",
+        "3",
+        "--json",
+        "/nonexistent-rdma-trace-dir/s.json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    // One line, before "timing softirqs" (printed once the programs are attached).
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.contains("/nonexistent-rdma-trace-dir") && stderr.contains("does not exist"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing collected");
+}
+
+#[test]
 fn bad_durations_are_usage_errors() {
     for bad in ["0", "-3", "soon"] {
         let out = rdma_trace(&["softirqs", &format!("--duration={bad}")]);

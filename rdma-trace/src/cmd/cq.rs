@@ -10,7 +10,6 @@ use anyhow::{Context as _, Result, anyhow};
 use aya::maps::{Array, MapData, RingBuf, StackTraceMap};
 use rdma_trace_common::cq::{CQ_FUNCTIONS, CqEvent};
 use serde::Serialize;
-use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     bpf::{Bpf, chain},
@@ -127,8 +126,6 @@ pub async fn run(args: &Args) -> Result<()> {
                 .to_owned()
         )));
     }
-    // Before attaching: SIGTERM must not kill us with probes attached, and kallsyms is long.
-    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
     let kallsyms = Kallsyms::parse(
         &std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?,
     );
@@ -186,8 +183,7 @@ pub async fn run(args: &Args) -> Result<()> {
     loop {
         let done = tokio::select! {
             () = &mut sleep => true,
-            r = tokio::signal::ctrl_c() => { r.context("listening for Ctrl-C")?; true }
-            _ = term.recv() => true,
+            _ = crate::signals::stopped() => true,
             _ = tick.tick() => false,
         };
         // Drain what is there (also after the end: the last events).

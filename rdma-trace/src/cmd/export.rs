@@ -32,7 +32,6 @@ use rdma_trace_common::{C_EVENTS, C_UNMATCHED, slot_bounds};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
-    signal::unix::{SignalKind, signal},
     sync::Semaphore,
 };
 
@@ -135,7 +134,6 @@ pub async fn run(args: &Args) -> Result<()> {
     refresh(&page)?;
     let mut tick = tokio::time::interval(args.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
     let server = tokio::spawn(serve_http(
         listener,
         Arc::clone(&page),
@@ -147,8 +145,7 @@ pub async fn run(args: &Args) -> Result<()> {
     loop {
         tokio::select! {
             _ = tick.tick() => refresh(&page)?,
-            r = tokio::signal::ctrl_c() => { r.context("listening for Ctrl-C")?; break; }
-            _ = term.recv() => break,
+            _ = crate::signals::stopped() => break,
         }
     }
     eprintln!("rdma-trace: stopped; probes detached");

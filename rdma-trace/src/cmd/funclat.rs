@@ -49,6 +49,9 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             args.functions.len()
         );
     }
+    if let Some(path) = &args.json {
+        crate::output::check_writable(path)?;
+    }
     let kernel = Kernel::live();
     // The probe table holds 'static rows; these few names live until the process exits.
     let defs: Vec<ProbeDef> = args
@@ -77,13 +80,16 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     }
     eprintln!("rdma-trace: timing {}", args.functions.join(", "));
     let mut child = match args.command.split_first() {
-        Some((prog, rest)) => Some(
-            tokio::process::Command::new(prog)
-                .args(rest)
-                .kill_on_drop(true)
-                .spawn()
-                .with_context(|| format!("could not start the command `{prog}`"))?,
-        ),
+        Some((prog, rest)) => {
+            let mut cmd = tokio::process::Command::new(prog);
+            cmd.args(rest).kill_on_drop(true);
+            // A SIGKILL of rdma-trace sends the command a SIGTERM, as a closing terminal would.
+            crate::signals::die_with_parent(&mut cmd, libc::SIGTERM);
+            Some(
+                cmd.spawn()
+                    .with_context(|| format!("could not start the command `{prog}`"))?,
+            )
+        }
         None => None,
     };
     let window = wait_window(args.duration, child.as_mut()).await?;

@@ -185,6 +185,9 @@ pub async fn run(args: &Args) -> Result<()> {
             patterns.join(", ")
         ))));
     }
+    if let Some(path) = &args.json {
+        crate::output::check_writable(path)?;
+    }
     let session = Session::start(&kernel, &defs, Options::default())?;
     eprintln!(
         "rdma-trace: timing IRQ handlers{}; probes:\n{}",

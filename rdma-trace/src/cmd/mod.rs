@@ -13,16 +13,14 @@ use std::{path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
 use serde::Serialize;
-use tokio::{
-    process::Child,
-    signal::unix::{SignalKind, signal},
-};
+use tokio::process::Child;
 
 /// How a tracing window ended.
 #[derive(Clone, Debug, Serialize)]
 pub struct Window {
     pub seconds: f64,
-    /// Why collection stopped: `duration`, `command`, `interrupted` (Ctrl-C), `terminated` (SIGTERM).
+    /// Why collection stopped: `duration`, `command`, `quit` (the live view's `q`), `interrupted`
+    /// (Ctrl-C, SIGINT), `terminated` (SIGTERM), `hangup` (SIGHUP).
     pub ended_by: &'static str,
     /// Exit code of the traced command (a signal gives 128 + signal).
     pub command_status: Option<i32>,
@@ -30,11 +28,12 @@ pub struct Window {
 
 impl Window {
     pub fn interrupted(&self) -> bool {
-        matches!(self.ended_by, "interrupted" | "terminated")
+        matches!(self.ended_by, "interrupted" | "terminated" | "hangup")
     }
 }
 
-/// Wait until `duration` passes, `child` exits, Ctrl-C or SIGTERM — whichever comes first.
+/// Wait until `duration` passes, `child` exits, or a stop signal (SIGINT, SIGTERM, SIGHUP) —
+/// whichever comes first.
 /// A child still running at the end is killed (and reaped). Without a child or a duration,
 /// only a signal ends the window.
 pub async fn wait_window(
@@ -42,7 +41,6 @@ pub async fn wait_window(
     mut child: Option<&mut Child>,
 ) -> Result<Window> {
     let start = tokio::time::Instant::now();
-    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
     let sleep = async {
         match duration {
             Some(d) => tokio::time::sleep(d).await,
@@ -58,8 +56,7 @@ pub async fn wait_window(
     let (ended_by, status) = tokio::select! {
         () = sleep => ("duration", None),
         r = child_exit => ("command", Some(r.context("waiting for the command")?)),
-        r = tokio::signal::ctrl_c() => { r.context("listening for Ctrl-C")?; ("interrupted", None) }
-        _ = term.recv() => ("terminated", None),
+        s = crate::signals::stopped() => (s.ended_by(), None),
     };
     if status.is_none()
         && let Some(c) = child
@@ -78,13 +75,37 @@ pub async fn wait_window(
     })
 }
 
-/// Write `report` as pretty JSON to `path` (`-` = stdout).
+/// What an rdma-demo exit status means (rdma-demo's `--help` lists them).
+pub fn demo_status_meaning(status: Option<i32>) -> &'static str {
+    use rdma_demo::error::exit as e;
+    let Some(s) = status else {
+        return "it did not exit";
+    };
+    [
+        (e::FAILURE, "failure"),
+        (e::USAGE, "bad usage"),
+        (e::NO_DEVICE, "no or unknown RDMA device"),
+        (e::PORT, "port or GID"),
+        (e::CONNECT, "no TCP connection"),
+        (e::EXCHANGE, "bad exchange"),
+        (e::TIMEOUT, "completion timeout"),
+        (e::WC_STATUS, "completion error"),
+        (e::VERIFY, "verification failed"),
+    ]
+    .iter()
+    .find(|(code, _)| i32::from(*code) == s)
+    .map_or(
+        if s > 128 {
+            "killed by a signal"
+        } else {
+            "unknown"
+        },
+        |(_, m)| m,
+    )
+}
+
+/// Write `report` as pretty JSON to `path` (`-` = stdout), atomically (see `output`).
 pub fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
     let text = serde_json::to_string_pretty(report).context("serializing the report")?;
-    if path == Path::new("-") {
-        println!("{text}");
-        return Ok(());
-    }
-    std::fs::write(path, text + "\n")
-        .with_context(|| format!("writing the JSON report to {}", path.display()))
+    crate::output::write_atomic(path, (text + "\n").as_bytes()).context("writing the JSON report")
 }

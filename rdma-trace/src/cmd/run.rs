@@ -15,13 +15,14 @@ use tokio::io::AsyncReadExt as _;
 use crate::{
     bpf::ProbeData,
     cmd::{Window, write_json},
-    error::Unsupported,
+    error::{DemoFailed, Unsupported},
     kernel::{Kernel, RdmaDevice},
     overhead::{LoaderUsage, Overhead, ProgramStat},
     plan::Options,
     probes::PROBES,
     report::{ProbeReport, probe_reports, render},
     session::Session,
+    signals::{self, Stop, Stopped},
     softroce,
     tui::{Live, Progress, Sample, Source},
 };
@@ -43,10 +44,10 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "event")]
     pub mode: Mode,
     /// Ping-pong iterations per mode.
-    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(rdma_demo::limits::MAX_ITERATIONS)))]
     pub iterations: u32,
     /// Message size in bytes.
-    #[arg(short = 'S', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    #[arg(short = 'S', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(i64::from(rdma_demo::limits::MIN_SIZE)..=i64::from(rdma_demo::limits::MAX_SIZE)))]
     pub size: u32,
     /// RDMA device of the client [default: rxe1 when rxe0 and rxe1 exist, else the first device].
     #[arg(short, long, value_name = "DEV")]
@@ -54,7 +55,8 @@ pub struct Args {
     /// RDMA device of the server [default: rxe0 when rxe0 and rxe1 exist, else --device].
     #[arg(long, value_name = "DEV")]
     pub server_device: Option<String>,
-    /// Stop a mode's run after this many seconds even if the demo is not done.
+    /// Stop a mode's run after this many seconds even if the demo is not done (a success: the
+    /// demo is stopped and the mode reported).
     #[arg(long, value_name = "SECS", value_parser = crate::parse_seconds)]
     pub duration: Option<Duration>,
     /// Write the report as JSON to this file (`-`: stdout).
@@ -100,22 +102,19 @@ struct Phase {
     overhead: Overhead,
 }
 
-/// Exit status: the demo's when it failed.
+/// A failing demo is an error (`DemoFailed`, exit 5), a stop signal too (`Stopped`).
 pub async fn run(args: &Args) -> Result<Option<i32>> {
     check_privileges()?;
+    // A bad path costs nothing: checked before anything is created or attached.
+    if let Some(path) = &args.json {
+        crate::output::check_writable(path)?;
+    }
     let kernel = Kernel::live();
-    // No RDMA device, but Soft-RoCE can be had: a temporary rxe device, removed on the way out.
-    let _temp_rxe = if kernel.rdma_devices().is_empty() && softroce::available() {
-        let t = softroce::TempRxe::create()?;
-        eprintln!(
-            "rdma-trace: no RDMA device: created the temporary Soft-RoCE device {} on {} (removed at exit)",
-            t.name, t.netdev
-        );
-        Some(t)
-    } else {
-        None
-    };
-    let (server, client) = pick_devices(&kernel.rdma_devices(), args)?;
+    // A leftover temporary device of a run that is gone is removed. With no RDMA device, but
+    // Soft-RoCE available: a temporary rxe device, removed on the way out.
+    let temp_rxe = softroce::prepare(&kernel.rdma_devices())?;
+    let devices = softroce::usable(kernel.rdma_devices(), temp_rxe.as_ref());
+    let (server, client) = pick_devices(&devices, args)?;
     let demo = demo_binary(args.demo.as_deref())?;
     let session = Session::start(
         &kernel,
@@ -136,7 +135,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         Mode::Event => &[Mode::Event],
     };
     let mut phases = Vec::new();
-    let mut failure = None;
+    let mut failure: Option<anyhow::Error> = None;
+    let mut stopped = None;
     let json_on_stdout = args.json.as_deref() == Some(Path::new("-"));
     let mut live = Live::new(
         "rdma-trace run",
@@ -165,7 +165,14 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             args.size,
             render(&probes),
             overhead.render(),
-            demo_out.stdout.trim_end()
+            if window.ended_by == "duration" {
+                format!(
+                    "stopped after --duration ({:.1} s), before its {} iterations were done",
+                    window.seconds, args.iterations
+                )
+            } else {
+                demo_out.stdout.trim_end().to_owned()
+            }
         );
         if live.is_screen() {
             deferred.push_str(&text);
@@ -189,20 +196,25 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
                 "rdma-trace: {} before the demo finished; probes detached",
                 window.ended_by
             );
-            failure = Some(130);
+            // Ctrl-C as a key of the live view counts as SIGINT.
+            stopped = Some(crate::signals::received().unwrap_or(Stop(libc::SIGINT)));
             break;
         }
+        // The window's end was asked for: the demo was stopped, the mode is reported.
+        if window.ended_by == "duration" {
+            continue;
+        }
         if status != Some(0) {
-            eprintln!(
-                "rdma-trace: rdma-demo ({mode:?}) failed with status {}: {}",
+            failure = Some(anyhow!(DemoFailed(format!(
+                "rdma-demo ({mode:?}) failed with status {} ({}): {}",
                 status.map_or("none".into(), |s| s.to_string()),
+                crate::cmd::demo_status_meaning(status),
                 demo_out.stderr.trim()
-            );
-            failure = status.or(Some(1));
+            ))));
             break;
         }
     }
-    let interrupted = if failure.is_none() && !quit {
+    let interrupted = if failure.is_none() && stopped.is_none() && !quit {
         live.linger("run finished").await?
     } else {
         false
@@ -210,7 +222,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     live.close();
     print!("{deferred}");
     if interrupted {
-        failure = Some(130);
+        stopped = Some(crate::signals::received().unwrap_or(Stop(libc::SIGINT)));
     }
     drop(session); // detach every probe before the summary
     if phases.len() == 2 {
@@ -227,7 +239,13 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         };
         write_json(path, &report)?;
     }
-    Ok(failure)
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if let Some(s) = stopped {
+        return Err(Stopped(s).into());
+    }
+    Ok(None)
 }
 
 /// Root, or the capabilities eBPF tracing needs (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN).
@@ -321,36 +339,38 @@ async fn run_demo(
     live: &mut Live,
     src: &mut RunSource<'_>,
 ) -> Result<(Window, serde_json::Value, DemoOutput)> {
-    let json = std::env::temp_dir().join(format!(
-        "rdma-trace-demo-{}-{mode:?}.json",
-        std::process::id()
-    ));
+    // Not a predictable name in the shared temp directory: a private one (0700, random name).
+    let dir = crate::output::PrivateDir::new("rdma-trace-")?;
+    let json = dir.path().join("demo.json");
     let mode_arg = if mode == Mode::Event { "event" } else { "poll" };
-    let mut child = tokio::process::Command::new(demo)
-        .args([
-            "pingpong",
-            "--loopback",
-            "--port",
-            "0",
-            "-d",
-            client,
-            "--server-device",
-            server,
-        ])
-        .args([
-            "--mode",
-            mode_arg,
-            "-i",
-            &args.iterations.to_string(),
-            "-S",
-            &args.size.to_string(),
-        ])
-        .arg("--json")
-        .arg(&json)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
+    let mut cmd = tokio::process::Command::new(demo);
+    cmd.args([
+        "pingpong",
+        "--loopback",
+        "--port",
+        "0",
+        "-d",
+        client,
+        "--server-device",
+        server,
+    ])
+    .args([
+        "--mode",
+        mode_arg,
+        "-i",
+        &args.iterations.to_string(),
+        "-S",
+        &args.size.to_string(),
+    ])
+    .arg("--json")
+    .arg(&json)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
+    // A SIGKILL of rdma-trace ends the demo too.
+    signals::die_with_parent(&mut cmd, libc::SIGKILL);
+    let mut child = cmd
         .spawn()
         .with_context(|| format!("could not start {}", demo.display()))?;
     if let Some(pid) = child.id() {
@@ -378,7 +398,7 @@ async fn run_demo(
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or(serde_json::Value::Null);
-    let _ = std::fs::remove_file(&json);
+    drop(dir);
     Ok((window, value, out))
 }
 

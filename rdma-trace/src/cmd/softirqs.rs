@@ -48,6 +48,9 @@ fn vector_probes() -> Vec<ProbeDef> {
 }
 
 pub async fn run(args: &Args) -> Result<()> {
+    if let Some(path) = &args.json {
+        crate::output::check_writable(path)?;
+    }
     let kernel = Kernel::live();
     let mut session = Session::start(&kernel, &vector_probes(), Options::default())?;
     eprintln!(

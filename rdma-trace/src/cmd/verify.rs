@@ -27,7 +27,7 @@ use tokio::io::AsyncReadExt as _;
 use crate::{
     bpf::{OBJECT, chain},
     cmd::{Window, wait_window, write_json},
-    error::Unsupported,
+    error::{DemoFailed, Unsupported},
     kernel::Kernel,
 };
 
@@ -64,8 +64,9 @@ impl Demo {
 #[derive(clap::Args, Debug)]
 #[command(
     after_help = "Exit codes: 0 the data phase used no socket; 4 it did (the calls are \
-                        named); 1 failure; 2 bad usage; 3 no RDMA device, not root, or no eBPF; \
-                        a failing demo's own status.\n\n\
+                        named); 5 the demo failed (its own status and message are printed, no \
+                        verdict); 1 failure; 2 bad usage; 3 no RDMA device, not root, or no eBPF; \
+                        130, 143, 129 stopped by SIGINT, SIGTERM, SIGHUP.\n\n\
                         Examples:\n  sudo rdma-trace verify\n  \
                         sudo rdma-trace verify --demo write-read --mode event -S 65536\n  \
                         sudo rdma-trace verify --demo atomic -- --clients 4\n  \
@@ -79,10 +80,10 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "pingpong")]
     pub demo: Demo,
     /// Iterations [default: the demo's].
-    #[arg(short, long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    #[arg(short, long, value_parser = clap::value_parser!(u32).range(1..=i64::from(rdma_demo::limits::MAX_ITERATIONS)))]
     pub iterations: Option<u32>,
     /// Message or buffer size in bytes (pingpong, write-read) [default: the demo's].
-    #[arg(short = 'S', long, value_parser = clap::value_parser!(u32).range(8..=1_048_576))]
+    #[arg(short = 'S', long, value_parser = clap::value_parser!(u32).range(i64::from(rdma_demo::limits::MIN_SIZE)..=i64::from(rdma_demo::limits::MAX_SIZE)))]
     pub size: Option<u32>,
     /// RDMA device of the client [default: rxe1 when rxe0 and rxe1 exist, else the first].
     #[arg(short, long, value_name = "DEV")]
@@ -147,10 +148,14 @@ struct Report<'a> {
 }
 
 pub async fn run(args: &Args) -> Result<Option<i32>> {
+    if let Some(path) = &args.json {
+        crate::output::check_writable(path)?;
+    }
     let table = SyscallTable::native()?;
     let demo = crate::cmd::run::demo_binary(args.demo_binary.as_deref())?;
     let demo_args = demo_args(args, &Kernel::live())?;
     let mut tracer = Tracer::load(&table)?;
+    crate::signals::check()?;
 
     // The child is held before the demo starts: a shell waits for one line on stdin, then
     // execs the demo (same pid) with stdin from /dev/null. The pid is registered meanwhile.
@@ -164,6 +169,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    // A SIGKILL of rdma-trace ends the demo too (the setting survives the exec).
+    crate::signals::die_with_parent(&mut cmd, libc::SIGKILL);
     let mut child = cmd
         .spawn()
         .with_context(|| format!("could not start /bin/sh to run {}", demo.display()))?;
@@ -199,18 +206,20 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let phases = classify(&counts, &table);
 
     if window.interrupted() {
-        eprintln!("rdma-trace: {} before the demo finished", window.ended_by);
-        return Ok(Some(130));
+        let s = crate::signals::received().unwrap_or(crate::signals::Stop(libc::SIGINT));
+        return Err(crate::signals::Stopped(s)).context("the demo had not finished: no verdict");
     }
     if window.command_status != Some(0) {
-        eprintln!(
-            "rdma-trace: rdma-demo failed with status {}: {}",
+        // The demo's status is its own (rdma-demo's codes): reported, not passed through, so it
+        // is never read as a verdict.
+        return Err(anyhow!(DemoFailed(format!(
+            "rdma-demo failed with status {} ({}), so there is no verdict: {}",
             window
                 .command_status
                 .map_or("none".into(), |s| s.to_string()),
+            crate::cmd::demo_status_meaning(window.command_status),
             stderr.trim()
-        );
-        return Ok(window.command_status.or(Some(1)));
+        ))));
     }
     println!("--- rdma-demo ---\n{}\n", stdout.trim_end());
     print!("{}", render(&phases));

@@ -1,6 +1,7 @@
 //! The live view: a ratatui screen when stdout is a terminal, text histograms each interval
 //! otherwise (or with `--no-tui`). [`Live::watch`] drives it from tokio: a refresh tick, keys,
-//! the traced command's exit, the duration, Ctrl-C and SIGTERM.
+//! the traced command's exit, the duration, and the process's one signal stream
+//! (`crate::signals`: SIGINT, SIGTERM, SIGHUP).
 //!
 //! The terminal is restored when [`Live`] drops (every return path, SIGTERM included), and by
 //! ratatui's panic hook after a panic. In raw mode Ctrl-C arrives as a key and ends the run as
@@ -19,11 +20,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use tokio::{
-    process::Child,
-    signal::unix::{SignalKind, signal},
-    sync::mpsc,
-};
+use tokio::{process::Child, sync::mpsc};
 
 pub use self::app::{App, Key, Progress, Sample};
 
@@ -107,7 +104,7 @@ impl Live {
     }
 
     /// Refresh until `duration` passes, `child` exits, the user quits (`q`, window ended by
-    /// `quit`), Ctrl-C or SIGTERM. A child still running at the end is killed and reaped.
+    /// `quit`), or a stop signal (SIGINT, SIGTERM, SIGHUP). A child still running at the end is killed and reaped.
     pub async fn watch(
         &mut self,
         src: &mut dyn Source,
@@ -115,7 +112,6 @@ impl Live {
         mut child: Option<&mut Child>,
     ) -> Result<Window> {
         let start = tokio::time::Instant::now();
-        let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let (ended_by, status) = {
@@ -142,8 +138,7 @@ impl Live {
                 tokio::select! {
                     () = &mut sleep => break ("duration", None),
                     r = &mut child_exit => break ("command", Some(r.context("waiting for the command")?)),
-                    r = tokio::signal::ctrl_c() => { r.context("listening for Ctrl-C")?; break ("interrupted", None) }
-                    _ = term.recv() => break ("terminated", None),
+                    s = crate::signals::stopped() => break (s.ended_by(), None),
                     _ = tick.tick() => {
                         let s = src.sample(start.elapsed())?;
                         self.app.update(s);
@@ -187,15 +182,14 @@ impl Live {
         })
     }
 
-    /// After the last window, on the screen: show `status` and wait for `q` (or Ctrl-C,
-    /// SIGTERM). Returns whether the user interrupted. Without a screen, returns at once.
+    /// After the last window, on the screen: show `status` and wait for `q` (or a stop
+    /// signal). Returns whether the user interrupted. Without a screen, returns at once.
     pub async fn linger(&mut self, status: &str) -> Result<bool> {
         if !self.is_screen() || self.app.quit().is_some() {
             return Ok(false);
         }
         self.app.status = Some(format!("{status} — q to quit"));
         self.render()?;
-        let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
         loop {
             let Output::Screen(s) = &mut self.out else {
                 return Ok(false);
@@ -214,8 +208,7 @@ impl Live {
                         self.render()?;
                     }
                 },
-                r = tokio::signal::ctrl_c() => { r.context("listening for Ctrl-C")?; return Ok(true) }
-                _ = term.recv() => return Ok(true),
+                _ = crate::signals::stopped() => return Ok(true),
             }
         }
     }
