@@ -3,7 +3,8 @@
 //!
 //! * [`PrivateDir`]: a directory of our own (mode 0700, random name, created atomically by
 //!   `mkdtemp`) under `$TMPDIR`, for files a child writes for us (the demo's JSON); removed with
-//!   what it holds when dropped.
+//!   what it holds when dropped. It holds a `flock`ed `owner` file while it lives, so after a
+//!   SIGKILL the next run can tell it is orphaned and remove it ([`PrivateDir::reclaim`]).
 //! * [`check_writable`]: before anything is attached, the output path is tried, so a bad path
 //!   costs nothing.
 //! * [`write_atomic`]: a temporary file in the target's directory, then `rename` over the
@@ -28,6 +29,31 @@ use anyhow::{Context as _, Result, bail};
 #[derive(Debug)]
 pub struct PrivateDir {
     path: PathBuf,
+    /// `owner`, locked while the directory is in use.
+    _owner: File,
+}
+
+/// The lock file inside a private directory.
+const OWNER: &str = "owner";
+
+/// Open `path` without following a symlink and try to lock it; `Ok(true)`: locked by us now.
+fn try_lock(path: &Path, create: bool) -> std::io::Result<(File, bool)> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(create)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    let locked = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    } == 0;
+    Ok((file, locked))
 }
 
 impl PrivateDir {
@@ -54,9 +80,57 @@ impl PrivateDir {
             });
         }
         bytes.pop(); // the NUL
+        let path = PathBuf::from(OsString::from_vec(bytes));
+        let owner = match try_lock(&path.join(OWNER), true) {
+            Ok((f, true)) => f,
+            Ok((_, false)) => {
+                let _ = std::fs::remove_dir_all(&path);
+                bail!("could not lock {}", path.join(OWNER).display());
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&path);
+                return Err(e).with_context(|| format!("creating {}", path.join(OWNER).display()));
+            }
+        };
         Ok(Self {
-            path: PathBuf::from(OsString::from_vec(bytes)),
+            path,
+            _owner: owner,
         })
+    }
+
+    /// Remove the private directories (`<prefix>XXXXXX` in `$TMPDIR`) of processes that are
+    /// gone: ours (same owner, mode 0700) with an `owner` file nobody holds locked. Returns
+    /// their paths.
+    pub fn reclaim(prefix: &str) -> Vec<PathBuf> {
+        Self::reclaim_in(&std::env::temp_dir(), prefix)
+    }
+
+    pub fn reclaim_in(parent: &Path, prefix: &str) -> Vec<PathBuf> {
+        use std::os::unix::fs::MetadataExt as _;
+        let Ok(dir) = std::fs::read_dir(parent) else {
+            return Vec::new();
+        };
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        let mut removed = Vec::new();
+        for entry in dir.filter_map(Result::ok) {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if !name.starts_with(prefix) || name.len() != prefix.len() + 6 {
+                continue;
+            }
+            let path = entry.path();
+            let ours = std::fs::symlink_metadata(&path)
+                .is_ok_and(|m| m.is_dir() && m.uid() == euid && m.mode() & 0o777 == 0o700);
+            // Locked: its process is alive. No owner file: not one of ours (or just being made).
+            if ours
+                && let Ok((_lock, true)) = try_lock(&path.join(OWNER), false)
+                && std::fs::remove_dir_all(&path).is_ok()
+            {
+                removed.push(path);
+            }
+        }
+        removed
     }
 
     pub fn path(&self) -> &Path {
@@ -184,6 +258,22 @@ mod tests {
         let meta = std::fs::symlink_metadata(a.path()).unwrap();
         assert!(meta.is_dir());
         assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+        // A live one is never reclaimed; one whose process is gone (its `owner` file unlocked,
+        // as after a SIGKILL) is.
+        let live = PrivateDir::new_in(a.path(), "rdma-trace-x-").unwrap();
+        let gone = a.path().join("rdma-trace-x-abcdef");
+        std::fs::create_dir(&gone).unwrap();
+        std::fs::set_permissions(&gone, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(gone.join(OWNER), "").unwrap();
+        std::fs::write(gone.join("demo.json"), "{}").unwrap();
+        let not_ours = a.path().join("rdma-trace-x-ghijkl"); // no owner file
+        std::fs::create_dir(&not_ours).unwrap();
+        std::fs::set_permissions(&not_ours, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let removed = PrivateDir::reclaim_in(a.path(), "rdma-trace-x-");
+        assert_eq!(removed, std::slice::from_ref(&gone));
+        assert!(!gone.exists());
+        assert!(live.path().is_dir() && not_ours.is_dir(), "others stay");
+        drop(live);
         std::fs::write(a.path().join("demo.json"), "{}").unwrap();
         let path = a.path().to_path_buf();
         drop(a);
@@ -211,6 +301,7 @@ mod tests {
         let mut names: Vec<String> = std::fs::read_dir(d.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != OWNER)
             .collect();
         names.sort();
         assert_eq!(names, ["report.json", "victim"]);
@@ -228,7 +319,11 @@ mod tests {
         check_writable(&d.path().join("r.json")).unwrap();
         check_writable(Path::new("-")).unwrap();
         check_writable(Path::new("/dev/null")).unwrap();
-        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_dir(d.path()).unwrap().count(),
+            1,
+            "only `owner`"
+        );
         // A directory we may not write to (only meaningful without CAP_DAC_OVERRIDE).
         let ro = d.path().join("ro");
         std::fs::create_dir(&ro).unwrap();

@@ -81,6 +81,9 @@ pub struct Args {
     pub demo: Option<PathBuf>,
 }
 
+/// `$TMPDIR/rdma-trace-XXXXXX`: where the demo writes its JSON.
+const DEMO_DIR_PREFIX: &str = "rdma-trace-";
+
 #[derive(Serialize)]
 struct Report {
     kernel: Option<String>,
@@ -108,6 +111,13 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     // A bad path costs nothing: checked before anything is created or attached.
     if let Some(path) = &args.json {
         crate::output::check_writable(path)?;
+    }
+    // The private directories of runs that were SIGKILLed.
+    for dir in crate::output::PrivateDir::reclaim(DEMO_DIR_PREFIX) {
+        eprintln!(
+            "rdma-trace: removed {}, left by a run that is gone",
+            dir.display()
+        );
     }
     let kernel = Kernel::live();
     // A leftover temporary device of a run that is gone is removed. With no RDMA device, but
@@ -340,7 +350,7 @@ async fn run_demo(
     src: &mut RunSource<'_>,
 ) -> Result<(Window, serde_json::Value, DemoOutput)> {
     // Not a predictable name in the shared temp directory: a private one (0700, random name).
-    let dir = crate::output::PrivateDir::new("rdma-trace-")?;
+    let dir = crate::output::PrivateDir::new(DEMO_DIR_PREFIX)?;
     let json = dir.path().join("demo.json");
     let mode_arg = if mode == Mode::Event { "event" } else { "poll" };
     let mut cmd = tokio::process::Command::new(demo);

@@ -50,6 +50,19 @@ fn new_programs(baseline: &[(u32, String)]) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// `/tmp/rdma-trace-XXXXXX`: the demo's private directories.
+fn private_dirs() -> Vec<PathBuf> {
+    std::fs::read_dir("/tmp")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("rdma-trace-") && n.len() == "rdma-trace-".len() + 6
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
 fn rdmatrace0_exists() -> bool {
     Path::new("/sys/class/infiniband/rdmatrace0").exists()
 }
@@ -240,8 +253,13 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
             });
         }
     }
-    // The next run starts clean (removing the last SIGKILLed run's device), runs, and leaves no
-    // device behind.
+    // The next run starts clean (removing the last SIGKILLed run's device and the private
+    // directory it killed the run in), runs, and leaves no device behind.
+    let stale = private_dirs();
+    assert!(
+        !stale.is_empty(),
+        "the run SIGKILLed during its live view left its private directory"
+    );
     let out = Command::new(RDMA_TRACE)
         .args(["run", "--mode", "poll", "--no-tui", "-i", "20"])
         .output()
@@ -257,6 +275,8 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
         !rdmatrace0_exists(),
         "rdmatrace0 left behind by a clean run"
     );
+    assert!(stderr.contains("left by a run that is gone"), "{stderr}");
+    assert_eq!(private_dirs(), Vec::<PathBuf>::new(), "{stderr}");
     assert_eq!(kprobes_strict(), "");
 }
 
