@@ -200,7 +200,7 @@ impl Bpf {
             .iter()
             .map(|p| {
                 if let Decision::Skip(why) = &p.decision {
-                    return Outcome::Skipped(why.clone());
+                    return Outcome::Skipped(why.to_string());
                 }
                 let from_slot = |f: &str| slot_of(f).map(|i| slot_outcome[i].clone());
                 let o = match p.def.shape {

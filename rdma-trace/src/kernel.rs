@@ -10,6 +10,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::probes::Driver;
+
 /// A kernel to inspect, rooted at `/` or at a fixture directory.
 #[derive(Clone, Debug)]
 pub struct Kernel {
@@ -46,6 +48,25 @@ impl RdmaDevice {
         self.driver
             .as_deref()
             .is_some_and(|d| d.starts_with("mlx5"))
+    }
+
+    /// The hardware driver path of this device. `device/driver` names the PCI driver the
+    /// RDMA driver sits on (ib_device's parent is the PCI function): mlx5_core, ice or i40e
+    /// (irdma), bnxt_en (bnxt_re), mana (mana_ib).
+    pub fn hardware(&self) -> Option<Driver> {
+        let drv = self.driver.as_deref().unwrap_or("");
+        let name = self.name.as_str();
+        if self.is_mlx5() {
+            Some(Driver::Mlx5)
+        } else if matches!(drv, "irdma" | "ice" | "i40e") || name.starts_with("irdma") {
+            Some(Driver::Irdma)
+        } else if drv.starts_with("bnxt") || name.starts_with("bnxt_re") {
+            Some(Driver::BnxtRe)
+        } else if drv.starts_with("mana") || name.starts_with("mana_") {
+            Some(Driver::Mana)
+        } else {
+            None
+        }
     }
 }
 
@@ -99,6 +120,49 @@ impl Kernel {
         fs::read_to_string(self.path("/proc/kallsyms"))
             .map(|text| find_functions_in(&text, names))
             .unwrap_or_default()
+    }
+
+    /// Names of the loaded modules (`/proc/modules`), `None` when unreadable.
+    pub fn loaded_modules(&self) -> Option<HashSet<String>> {
+        let text = fs::read_to_string(self.path("/proc/modules")).ok()?;
+        Some(
+            text.lines()
+                .filter_map(|l| l.split_whitespace().next())
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
+    /// Which of `names` are on the kprobe blacklist (`NOKPROBE_SYMBOL`, `__kprobes`, noinstr
+    /// sections): kprobes refuse them. `None` when debugfs is not mounted.
+    pub fn kprobe_blacklisted(&self, names: &[&str]) -> Option<HashSet<String>> {
+        let text = fs::read_to_string(self.path("/sys/kernel/debug/kprobes/blacklist")).ok()?;
+        let wanted: HashSet<&str> = names.iter().copied().collect();
+        Some(
+            text.lines()
+                .filter_map(|l| l.split_whitespace().nth(1))
+                .filter(|n| wanted.contains(n))
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
+    /// Which of `names` ftrace can trace (`available_filter_functions`; fentry needs it,
+    /// `notrace` functions are missing). `None` when tracefs is not mounted.
+    pub fn traceable(&self, names: &[&str]) -> Option<HashSet<String>> {
+        let text = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .into_iter()
+            .find_map(|dir| {
+                fs::read_to_string(self.path(dir).join("available_filter_functions")).ok()
+            })?;
+        let wanted: HashSet<&str> = names.iter().copied().collect();
+        Some(
+            text.lines()
+                .filter_map(|l| l.split_whitespace().next())
+                .filter(|n| wanted.contains(n))
+                .map(str::to_owned)
+                .collect(),
+        )
     }
 
     /// `category:name` of every tracepoint, when tracefs is mounted (`None` otherwise).

@@ -96,6 +96,8 @@ fn irq_probes(irqs: &[(u32, String)], patterns: &[String]) -> Vec<ProbeDef> {
                 shape: Shape::Irq { patterns },
                 methods: &[Method::RawTracepoint],
                 zero_note: None,
+                module: None,
+                since: None,
             }
         })
         .collect();
@@ -113,6 +115,8 @@ fn irq_probes(irqs: &[(u32, String)], patterns: &[String]) -> Vec<ProbeDef> {
             shape: Shape::Softirq { vector },
             methods: &[Method::RawTracepoint],
             zero_note: None,
+            module: None,
+            since: None,
         });
     }
     defs
