@@ -71,6 +71,11 @@ enum Cmd {
     Verify(cmd::verify::Args),
     /// Serve the probe histograms and counters to Prometheus over HTTP, until Ctrl-C.
     Export(cmd::export::Args),
+    /// The probe table and this kernel's decision per row (method, or why not); --check attaches.
+    #[command(after_help = "Examples:\n  rdma-trace probes\n  \
+                            rdma-trace probes --driver mlx5 --json\n  \
+                            sudo rdma-trace probes --all-drivers --check")]
+    Probes(cmd::probes::Args),
     /// Print a shell completion script (bash, zsh, fish, ...) to stdout.
     Completions(cmd::completions::Args),
     /// Write a man page per subcommand into a directory (used by `cargo xtask man`).
@@ -128,6 +133,7 @@ fn main() -> ExitCode {
             Cmd::Cq(a) => cmd::cq::run(a).await.map(|()| None),
             Cmd::Verify(a) => cmd::verify::run(a).await,
             Cmd::Export(a) => cmd::export::run(a).await.map(|()| None),
+            Cmd::Probes(a) => cmd::probes::run(a).await.map(|()| None),
             Cmd::Completions(_) | Cmd::Man(_) => Ok(None),
         }
     });
