@@ -18,6 +18,7 @@
 #![no_main]
 
 mod cq;
+mod rare;
 
 mod syscalls;
 
@@ -135,7 +136,9 @@ fn kentry(slot: usize) -> u32 {
         count(cfg.duration, C_EVENTS);
         if let Some(p) = KSTART.get_ptr_mut(slot as u32) {
             // SAFETY: this CPU's slot of a per-CPU array, see `count`.
-            unsafe { *p = t };
+            if unsafe { core::mem::replace(&mut *p, t) } != 0 {
+                rare::busy_slot(slot as u32);
+            }
         }
     }
     if cfg.starts < MAX_INTERVALS {
@@ -167,6 +170,7 @@ fn kreturn(slot: usize) -> u32 {
             record(cfg.duration, t.saturating_sub(start));
         } else {
             count(cfg.duration, C_UNMATCHED);
+            rare::unmatched_return(slot as u32);
         }
     }
     if cfg.ends < MAX_INTERVALS
@@ -179,6 +183,7 @@ fn kreturn(slot: usize) -> u32 {
             record(probe, t.saturating_sub(start));
         } else {
             count(probe, C_UNMATCHED);
+            rare::unmatched_interval_end(cfg.ends);
         }
     }
     0

@@ -37,6 +37,8 @@ pub struct Bpf {
     /// Processes the user-space probes count (taken out of the object so that `&self` can
     /// add the demo's pid while snapshots borrow the session).
     tgids: RefCell<BpfHashMap<MapData, u32, u8>>,
+    /// Reads the programs' rare-event messages (with -v or RUST_LOG).
+    _log: Option<crate::ebpf_log::Reader>,
 }
 
 /// How one probe ended up.
@@ -66,6 +68,11 @@ impl Bpf {
             .override_global("SOFTIRQ_PROBE", &plan.softirq_probe, true)
             .override_global("NAPI_PROBE", &plan.napi_probe, true)
             .override_global("INTERVAL_PROBE", &plan.interval_probe, true)
+            .override_global(
+                crate::ebpf_log::LEVEL_GLOBAL,
+                &crate::ebpf_log::level(),
+                false,
+            )
             .load(OBJECT)
             .map_err(|e| {
                 let text = chain(&e);
@@ -83,12 +90,19 @@ impl Bpf {
             .context("map TGIDS is not in the eBPF object")?;
         let tgids =
             RefCell::new(BpfHashMap::try_from(tgids).context("map TGIDS is not a hash map")?);
+        let slots = plan
+            .functions
+            .iter()
+            .map(|f| f.function.to_owned())
+            .collect();
+        let log = crate::ebpf_log::Reader::start(&mut ebpf, slots)?;
         Ok(Self {
             ebpf,
             attached: Vec::new(),
             stats,
             uprobes_loaded: false,
             tgids,
+            _log: log,
         })
     }
 

@@ -307,16 +307,51 @@ mod tests {
 
     #[test]
     fn mlx5_host() {
-        let k = fixture("host-mlx5");
+        let k = fixture("mlx5-6.1");
         let devs = k.rdma_devices();
         assert_eq!(devs.len(), 1);
         assert!(devs[0].is_mlx5() && !devs[0].is_rxe());
+        assert_eq!(devs[0].hardware(), Some(Driver::Mlx5));
+        let m = k.loaded_modules().unwrap();
+        assert!(m.contains("mlx5_ib") && m.contains("mlx5_core") && !m.contains("irdma"));
+        assert_eq!(
+            k.kprobe_blacklisted(&["mlx5_ib_cq_comp"]),
+            Some(HashSet::new())
+        );
+        let t = k
+            .traceable(&["mlx5_ib_cq_comp", "no_such_function"])
+            .unwrap();
+        assert_eq!(t, HashSet::from(["mlx5_ib_cq_comp".to_owned()]));
         let irqs = k.interrupts();
         assert!(
             irqs.iter().any(|(_, n)| n.starts_with("mlx5_comp0")),
             "{irqs:?}"
         );
         assert!(irqs.iter().all(|(_, n)| n != "Non-maskable"), "{irqs:?}");
+    }
+
+    #[test]
+    fn hardware_paths_from_the_pci_driver_or_the_name() {
+        let dev = |name: &str, driver: Option<&str>| RdmaDevice {
+            name: name.to_owned(),
+            driver: driver.map(str::to_owned),
+            parent_netdev: None,
+        };
+        assert_eq!(
+            dev("rocep59s0f0", Some("ice")).hardware(),
+            Some(Driver::Irdma)
+        );
+        assert_eq!(dev("irdma1", None).hardware(), Some(Driver::Irdma));
+        assert_eq!(
+            dev("bnxt_re0", Some("bnxt_en")).hardware(),
+            Some(Driver::BnxtRe)
+        );
+        assert_eq!(dev("mana_0", Some("mana")).hardware(), Some(Driver::Mana));
+        assert_eq!(
+            dev("mlx5_0", Some("mlx5_core")).hardware(),
+            Some(Driver::Mlx5)
+        );
+        assert_eq!(dev("siw0", None).hardware(), None);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 mod bpf;
 mod cmd;
+mod ebpf_log;
 mod elf;
 mod error;
 mod hist;
@@ -39,6 +40,10 @@ use crate::error::{Unsupported, exit};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Show the eBPF programs' rare-event messages (an end without its start, a busy entry
+    /// slot, a full sample ring), rate-limited; RUST_LOG=warn does the same.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
 }
 
 #[derive(Subcommand)]
@@ -93,6 +98,7 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    ebpf_log::init(cli.verbose, std::env::var("RUST_LOG").ok().as_deref());
     // Generated from the CLI definition: no runtime, no privileges.
     let generated = match &cli.cmd {
         Cmd::Completions(a) => Some(cmd::completions::completions(

@@ -627,7 +627,7 @@ mod tests {
 
     #[test]
     fn mlx5_host_attaches_mlx5_probes_and_its_completion_irqs() {
-        let p = plan(PROBES, &facts("host-mlx5"), Options::default());
+        let p = plan(PROBES, &facts("mlx5-6.1"), Options::default());
         for name in [
             "ib_uverbs_comp_handler",
             "mlx5_ib_poll_cq",

@@ -460,7 +460,7 @@ pub const PROBES: &[ProbeDef] = &[
             "serves kernel consumers only: user space polls MANA CQs in rdma-core's provider: expected 0 for the demos",
         ),
         module: Some("mana_ib"),
-        since: Some((6, 14)),
+        since: Some((6, 15)),
     },
     // ---- rxe: packets arrive through the network stack; responder/completer post CQEs
     ProbeDef {

@@ -123,9 +123,23 @@ pub async fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The rows of `defs` planned one driver path at a time, in table order: the eBPF object's
+/// per-run limits (kernel-function slots) apply to one run, not to the whole table.
+fn plan_by_driver(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Vec<PlannedProbe> {
+    let mut rows: Vec<PlannedProbe> = Driver::ALL
+        .into_iter()
+        .flat_map(|d| {
+            let group: Vec<ProbeDef> = defs.iter().filter(|p| p.driver == d).copied().collect();
+            plan::plan(&group, facts, opts).probes
+        })
+        .collect();
+    let index = |p: &PlannedProbe| defs.iter().position(|d| d.name == p.def.name);
+    rows.sort_by_key(index);
+    rows
+}
+
 /// The listing of `defs` on a kernel described by `facts`: nothing is attached.
 pub fn list(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Listing {
-    let plan = plan::plan(defs, facts, opts);
     Listing {
         kernel: facts.release.clone(),
         kprobes: facts.kprobes,
@@ -142,7 +156,7 @@ pub fn list(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Listing {
                 (d.name.clone(), path)
             })
             .collect(),
-        rows: plan.probes.iter().map(row).collect(),
+        rows: plan_by_driver(defs, facts, opts).iter().map(row).collect(),
     }
 }
 
