@@ -438,10 +438,12 @@ fn check_config(config: &str) -> Result<()> {
 
 /// Module images by name.
 type ModuleImages = BTreeMap<String, Vec<u8>>;
+/// Per driver root (`packages::DRIVER_MODULES`), its load order.
+type DriverLists = Vec<(String, Vec<String>)>;
 
 /// The load order of the module roots and their dependencies, the load order of each driver
 /// root the package has (`packages::DRIVER_MODULES`), and each module's (decompressed) image.
-fn modules(moddir: &Path) -> Result<(Vec<String>, Vec<(String, Vec<String>)>, ModuleImages)> {
+fn modules(moddir: &Path) -> Result<(Vec<String>, DriverLists, ModuleImages)> {
     let mut files: HashMap<String, PathBuf> = HashMap::new();
     walk_files(&moddir.join("kernel"), &mut |p| {
         if let Some(name) = p
