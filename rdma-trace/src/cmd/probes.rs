@@ -289,6 +289,42 @@ mod tests {
     }
 
     #[test]
+    fn all_drivers_plans_each_driver_path_on_its_own_slots() {
+        let opts = Options {
+            all_drivers: true,
+            uprobes: false,
+        };
+        // One plan of the whole table would run out of the 16 kernel-function slots.
+        let whole = plan::plan(PROBES, &facts("mana-6.12"), opts);
+        assert!(
+            whole
+                .probes
+                .iter()
+                .any(|p| matches!(&p.decision, Decision::Skip(w) if w.kind() == "limit"))
+        );
+        let l = list(PROBES, &facts("mana-6.12"), opts);
+        assert_eq!(l.rows.len(), PROBES.len());
+        for (r, def) in l.rows.iter().zip(PROBES) {
+            assert_eq!(r.name, def.name, "table order");
+            assert!(
+                r.skipped.as_ref().is_none_or(|s| s.kind != "limit"),
+                "{}",
+                r.name
+            );
+        }
+        let r = |n: &str| l.rows.iter().find(|r| r.name == n).unwrap();
+        assert_eq!(r("mana_ib_cq_handler").methods, ["kprobe"]);
+        assert_eq!(
+            r("mana_ib_poll_cq").skipped.as_ref().unwrap().kind,
+            "not_in_version"
+        );
+        assert_eq!(
+            r("mlx5_ib_cq_comp").skipped.as_ref().unwrap().kind,
+            "module_not_loaded"
+        );
+    }
+
+    #[test]
     fn driver_names_parse_and_unknown_ones_list_the_choices() {
         assert_eq!(parse_driver("bnxt_re"), Ok(Driver::BnxtRe));
         let e = parse_driver("mlx4").unwrap_err();
