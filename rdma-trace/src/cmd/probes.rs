@@ -294,15 +294,22 @@ mod tests {
             all_drivers: true,
             uprobes: false,
         };
-        // One plan of the whole table would run out of the 16 kernel-function slots.
-        let whole = plan::plan(PROBES, &facts("mana-6.12"), opts);
+        // A 6.12 kernel with every driver loaded (as in the guest test): one plan of the whole
+        // table would run out of the 16 kernel-function slots.
+        let mut f = facts("mana-6.12");
+        for other in ["mlx5-6.12", "irdma-6.12", "bnxt_re-6.12"] {
+            let o = facts(other);
+            f.symbols.extend(o.symbols);
+            f.modules.as_mut().unwrap().extend(o.modules.unwrap());
+        }
+        let whole = plan::plan(PROBES, &f, opts);
         assert!(
             whole
                 .probes
                 .iter()
                 .any(|p| matches!(&p.decision, Decision::Skip(w) if w.kind() == "limit"))
         );
-        let l = list(PROBES, &facts("mana-6.12"), opts);
+        let l = list(PROBES, &f, opts);
         assert_eq!(l.rows.len(), PROBES.len());
         for (r, def) in l.rows.iter().zip(PROBES) {
             assert_eq!(r.name, def.name, "table order");
@@ -318,9 +325,10 @@ mod tests {
             r("mana_ib_poll_cq").skipped.as_ref().unwrap().kind,
             "not_in_version"
         );
+        assert_eq!(r("mlx5_ib_cq_comp").methods, ["kprobe"]);
         assert_eq!(
-            r("mlx5_ib_cq_comp").skipped.as_ref().unwrap().kind,
-            "module_not_loaded"
+            r("irdma_iwarp_ce_handler").skipped.as_ref().unwrap().kind,
+            "inlined"
         );
     }
 
