@@ -72,7 +72,11 @@ fn level_from(verbose: u8, rust_log: Option<&str>) -> u8 {
     from_v.max(from_env)
 }
 
-/// Prints records with at most [`BURST`] per second; `kslot N:` becomes the function's name.
+/// The sample rings of the object, by the number the programs report (`rare::ring_full`).
+const RINGS: &[&str] = &["CQ_EVENTS (rdma-trace cq)"];
+
+/// Prints records with at most [`BURST`] per second; `kslot N:` becomes the function's name,
+/// `sample ring N` the ring's.
 struct RateLimited {
     slots: Vec<String>,
     state: Mutex<Window>,
@@ -96,13 +100,20 @@ impl RateLimited {
         }
     }
 
-    /// The message with a leading `kslot N:` replaced by the slot's function.
+    /// The message with a leading `kslot N:` replaced by the slot's function, and a leading
+    /// `sample ring N` by the ring's name.
     fn text(&self, message: &str) -> String {
         if let Some(rest) = message.strip_prefix("kslot ")
             && let Some((n, tail)) = rest.split_once(':')
             && let Some(f) = n.parse::<usize>().ok().and_then(|n| self.slots.get(n))
         {
             return format!("{f}:{tail}");
+        }
+        if let Some(rest) = message.strip_prefix("sample ring ")
+            && let Some((n, tail)) = rest.split_once(' ')
+            && let Some(ring) = n.parse::<usize>().ok().and_then(|n| RINGS.get(n))
+        {
+            return format!("sample ring {ring} {tail}");
         }
         message.to_owned()
     }
