@@ -195,10 +195,10 @@ pub const PROBES: &[ProbeDef] = &[
     // mlx5_cq_tasklet_cb → mlx5_ib_cq_comp → comp_handler (kernel CQs: mlx5_ib_cq_comp directly).
     ProbeDef {
         name: "irq mlx5_comp",
-        what: "hard IRQ handlers of mlx5 completion vectors (mlx5_comp<N>@pci:<bdf>)",
+        what: "hard IRQ handlers of mlx5 completion vectors (mlx5_comp<N>@pci:<bdf>; SFs: mlx5_sf_comp<N>; one-vector devices: mlx5_combined0)",
         driver: Driver::Mlx5,
         shape: Shape::Irq {
-            patterns: &["mlx5_comp*"],
+            patterns: &["mlx5_comp*", "mlx5_sf_comp*", "mlx5_combined*"],
         },
         methods: TRACEPOINT,
         zero_note: None,
