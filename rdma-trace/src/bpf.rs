@@ -90,12 +90,24 @@ impl Bpf {
             .context("map TGIDS is not in the eBPF object")?;
         let tgids =
             RefCell::new(BpfHashMap::try_from(tgids).context("map TGIDS is not a hash map")?);
-        let slots = plan
-            .functions
-            .iter()
-            .map(|f| f.function.to_owned())
-            .collect();
-        let log = crate::ebpf_log::Reader::start(&mut ebpf, slots)?;
+        let names = crate::ebpf_log::Names {
+            slots: plan
+                .functions
+                .iter()
+                .map(|f| f.function.to_owned())
+                .collect(),
+            intervals: plan
+                .interval_probe
+                .iter()
+                .map(|&id| {
+                    plan.probes
+                        .get(id as usize)
+                        .map_or("", |p| p.def.name)
+                        .to_owned()
+                })
+                .collect(),
+        };
+        let log = crate::ebpf_log::Reader::start(&mut ebpf, names)?;
         Ok(Self {
             ebpf,
             attached: Vec::new(),

@@ -76,10 +76,19 @@ fn level_from(verbose: u8, rust_log: Option<&str>) -> u8 {
 const RINGS: &[&str] = &["CQ_EVENTS (rdma-trace cq)"];
 
 /// Prints records with at most [`BURST`] per second; `kslot N:` becomes the function's name,
-/// `sample ring N` the ring's.
+/// `interval N:` the interval probe's, `sample ring N` the ring's.
 struct RateLimited {
-    slots: Vec<String>,
+    names: Names,
     state: Mutex<Window>,
+}
+
+/// What the numbers in the programs' messages stand for in this run.
+#[derive(Clone, Debug, Default)]
+pub struct Names {
+    /// Kernel-function slot N → its function.
+    pub slots: Vec<String>,
+    /// Interval N → its probe.
+    pub intervals: Vec<String>,
 }
 
 struct Window {
@@ -89,9 +98,9 @@ struct Window {
 }
 
 impl RateLimited {
-    fn new(slots: Vec<String>) -> Self {
+    fn new(names: Names) -> Self {
         RateLimited {
-            slots,
+            names,
             state: Mutex::new(Window {
                 start: Instant::now(),
                 printed: 0,
@@ -100,14 +109,20 @@ impl RateLimited {
         }
     }
 
-    /// The message with a leading `kslot N:` replaced by the slot's function, and a leading
-    /// `sample ring N` by the ring's name.
+    /// The message with a leading `kslot N:` replaced by the slot's function, `interval N:`
+    /// by the interval probe's name, and `sample ring N` by the ring's name.
     fn text(&self, message: &str) -> String {
-        if let Some(rest) = message.strip_prefix("kslot ")
-            && let Some((n, tail)) = rest.split_once(':')
-            && let Some(f) = n.parse::<usize>().ok().and_then(|n| self.slots.get(n))
-        {
-            return format!("{f}:{tail}");
+        for (prefix, names) in [
+            ("kslot ", &self.names.slots),
+            ("interval ", &self.names.intervals),
+        ] {
+            if let Some(rest) = message.strip_prefix(prefix)
+                && let Some((n, tail)) = rest.split_once(':')
+                && let Some(name) = n.parse::<usize>().ok().and_then(|n| names.get(n))
+                && !name.is_empty()
+            {
+                return format!("{name}:{tail}");
+            }
         }
         if let Some(rest) = message.strip_prefix("sample ring ")
             && let Some((n, tail)) = rest.split_once(' ')
@@ -183,13 +198,12 @@ pub struct Reader {
 }
 
 impl Reader {
-    /// Starts reading the object's log ring, when logging is on. `slots` names the
-    /// kernel-function slots (slot N → `slots[N]`).
-    pub fn start(ebpf: &mut Ebpf, slots: Vec<String>) -> Result<Option<Reader>> {
+    /// Starts reading the object's log ring, when logging is on.
+    pub fn start(ebpf: &mut Ebpf, names: Names) -> Result<Option<Reader>> {
         if level() == 0 {
             return Ok(None);
         }
-        let logger = Arc::new(RateLimited::new(slots));
+        let logger = Arc::new(RateLimited::new(names));
         let mut ring = aya_log::EbpfLogger::init_with_logger(ebpf, Shared(logger.clone()))
             .map_err(|e| anyhow!("reading the eBPF log ring: {}", crate::bpf::chain(&e)))?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -269,7 +283,10 @@ mod tests {
 
     #[test]
     fn rate_limit_prints_a_burst_then_sums_up_the_rest() {
-        let l = RateLimited::new(vec!["irdma_process_ceq".into()]);
+        let l = RateLimited::new(Names {
+            slots: vec!["irdma_process_ceq".into()],
+            intervals: vec!["wakeup".into()],
+        });
         let t0 = Instant::now();
         let mut printed = Vec::new();
         for _ in 0..1000 {
@@ -283,7 +300,7 @@ mod tests {
             next[0].starts_with(&format!("{} more", 1000 - BURST)),
             "{next:?}"
         );
-        assert_eq!(next[1], "interval 0: an end");
+        assert_eq!(next[1], "wakeup: an end");
         assert_eq!(l.finish(), None);
         assert_eq!(
             l.text("kslot 7: x"),
