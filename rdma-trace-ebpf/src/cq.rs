@@ -48,6 +48,7 @@ fn cq_event(ctx: &ProbeContext, function: u32) -> u32 {
             entry.submit(0);
         }
         None => {
+            crate::rare::ring_full(0);
             if let Some(p) = CQ_DROPS.get_ptr_mut(0) {
                 // SAFETY: a u64 in an array map; a racing increment may be lost, which only
                 // undercounts drops.

@@ -22,6 +22,7 @@
 #![allow(internal_features)]
 
 mod cq;
+mod rare;
 
 mod syscalls;
 
@@ -170,7 +171,9 @@ fn kentry(slot: usize) -> u32 {
         count(cfg.duration, C_EVENTS);
         if let Some(p) = KSTART.get_ptr_mut(slot as u32) {
             // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
-            unsafe { *p = t };
+            if unsafe { core::mem::replace(&mut *p, t) } != 0 {
+                rare::busy_slot(slot as u32);
+            }
         }
     }
     if cfg.starts < MAX_INTERVALS {
@@ -202,6 +205,7 @@ fn kreturn(slot: usize) -> u32 {
             record(cfg.duration, t.saturating_sub(start));
         } else {
             count(cfg.duration, C_UNMATCHED);
+            rare::unmatched_return(slot as u32);
         }
     }
     if cfg.ends < MAX_INTERVALS
@@ -214,6 +218,7 @@ fn kreturn(slot: usize) -> u32 {
             record(probe, t.saturating_sub(start));
         } else {
             count(probe, C_UNMATCHED);
+            rare::unmatched_interval_end(cfg.ends);
         }
     }
     0

@@ -37,6 +37,8 @@ pub struct Bpf {
     /// Processes the user-space probes count (taken out of the object so that `&self` can
     /// add the demo's pid while snapshots borrow the session).
     tgids: RefCell<BpfHashMap<MapData, u32, u8>>,
+    /// Reads the programs' rare-event messages (with -v or RUST_LOG).
+    _log: Option<crate::ebpf_log::Reader>,
 }
 
 /// How one probe ended up.
@@ -66,6 +68,11 @@ impl Bpf {
             .override_global("SOFTIRQ_PROBE", &plan.softirq_probe, true)
             .override_global("NAPI_PROBE", &plan.napi_probe, true)
             .override_global("INTERVAL_PROBE", &plan.interval_probe, true)
+            .override_global(
+                crate::ebpf_log::LEVEL_GLOBAL,
+                &crate::ebpf_log::level(),
+                false,
+            )
             .load(OBJECT)
             .map_err(|e| {
                 let text = chain(&e);
@@ -83,12 +90,31 @@ impl Bpf {
             .context("map TGIDS is not in the eBPF object")?;
         let tgids =
             RefCell::new(BpfHashMap::try_from(tgids).context("map TGIDS is not a hash map")?);
+        let names = crate::ebpf_log::Names {
+            slots: plan
+                .functions
+                .iter()
+                .map(|f| f.function.to_owned())
+                .collect(),
+            intervals: plan
+                .interval_probe
+                .iter()
+                .map(|&id| {
+                    plan.probes
+                        .get(id as usize)
+                        .map_or("", |p| p.def.name)
+                        .to_owned()
+                })
+                .collect(),
+        };
+        let log = crate::ebpf_log::Reader::start(&mut ebpf, names)?;
         Ok(Self {
             ebpf,
             attached: Vec::new(),
             stats,
             uprobes_loaded: false,
             tgids,
+            _log: log,
         })
     }
 
@@ -200,7 +226,7 @@ impl Bpf {
             .iter()
             .map(|p| {
                 if let Decision::Skip(why) = &p.decision {
-                    return Outcome::Skipped(why.clone());
+                    return Outcome::Skipped(why.to_string());
                 }
                 let from_slot = |f: &str| slot_of(f).map(|i| slot_outcome[i].clone());
                 let o = match p.def.shape {

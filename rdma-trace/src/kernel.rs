@@ -10,6 +10,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::probes::Driver;
+
 /// A kernel to inspect, rooted at `/` or at a fixture directory.
 #[derive(Clone, Debug)]
 pub struct Kernel {
@@ -46,6 +48,25 @@ impl RdmaDevice {
         self.driver
             .as_deref()
             .is_some_and(|d| d.starts_with("mlx5"))
+    }
+
+    /// The hardware driver path of this device. `device/driver` names the PCI driver the
+    /// RDMA driver sits on (ib_device's parent is the PCI function): mlx5_core, ice or i40e
+    /// (irdma), bnxt_en (bnxt_re), mana (mana_ib).
+    pub fn hardware(&self) -> Option<Driver> {
+        let drv = self.driver.as_deref().unwrap_or("");
+        let name = self.name.as_str();
+        if self.is_mlx5() {
+            Some(Driver::Mlx5)
+        } else if matches!(drv, "irdma" | "ice" | "i40e") || name.starts_with("irdma") {
+            Some(Driver::Irdma)
+        } else if drv.starts_with("bnxt") || name.starts_with("bnxt_re") {
+            Some(Driver::BnxtRe)
+        } else if drv.starts_with("mana") || name.starts_with("mana_") {
+            Some(Driver::Mana)
+        } else {
+            None
+        }
     }
 }
 
@@ -99,6 +120,49 @@ impl Kernel {
         fs::read_to_string(self.path("/proc/kallsyms"))
             .map(|text| find_functions_in(&text, names))
             .unwrap_or_default()
+    }
+
+    /// Names of the loaded modules (`/proc/modules`), `None` when unreadable.
+    pub fn loaded_modules(&self) -> Option<HashSet<String>> {
+        let text = fs::read_to_string(self.path("/proc/modules")).ok()?;
+        Some(
+            text.lines()
+                .filter_map(|l| l.split_whitespace().next())
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
+    /// Which of `names` are on the kprobe blacklist (`NOKPROBE_SYMBOL`, `__kprobes`, noinstr
+    /// sections): kprobes refuse them. `None` when debugfs is not mounted.
+    pub fn kprobe_blacklisted(&self, names: &[&str]) -> Option<HashSet<String>> {
+        let text = fs::read_to_string(self.path("/sys/kernel/debug/kprobes/blacklist")).ok()?;
+        let wanted: HashSet<&str> = names.iter().copied().collect();
+        Some(
+            text.lines()
+                .filter_map(|l| l.split_whitespace().nth(1))
+                .filter(|n| wanted.contains(n))
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
+    /// Which of `names` ftrace can trace (`available_filter_functions`; fentry needs it,
+    /// `notrace` functions are missing). `None` when tracefs is not mounted.
+    pub fn traceable(&self, names: &[&str]) -> Option<HashSet<String>> {
+        let text = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .into_iter()
+            .find_map(|dir| {
+                fs::read_to_string(self.path(dir).join("available_filter_functions")).ok()
+            })?;
+        let wanted: HashSet<&str> = names.iter().copied().collect();
+        Some(
+            text.lines()
+                .filter_map(|l| l.split_whitespace().next())
+                .filter(|n| wanted.contains(n))
+                .map(str::to_owned)
+                .collect(),
+        )
     }
 
     /// `category:name` of every tracepoint, when tracefs is mounted (`None` otherwise).
@@ -243,16 +307,51 @@ mod tests {
 
     #[test]
     fn mlx5_host() {
-        let k = fixture("host-mlx5");
+        let k = fixture("mlx5-6.1");
         let devs = k.rdma_devices();
         assert_eq!(devs.len(), 1);
         assert!(devs[0].is_mlx5() && !devs[0].is_rxe());
+        assert_eq!(devs[0].hardware(), Some(Driver::Mlx5));
+        let m = k.loaded_modules().unwrap();
+        assert!(m.contains("mlx5_ib") && m.contains("mlx5_core") && !m.contains("irdma"));
+        assert_eq!(
+            k.kprobe_blacklisted(&["mlx5_ib_cq_comp"]),
+            Some(HashSet::new())
+        );
+        let t = k
+            .traceable(&["mlx5_ib_cq_comp", "no_such_function"])
+            .unwrap();
+        assert_eq!(t, HashSet::from(["mlx5_ib_cq_comp".to_owned()]));
         let irqs = k.interrupts();
         assert!(
             irqs.iter().any(|(_, n)| n.starts_with("mlx5_comp0")),
             "{irqs:?}"
         );
         assert!(irqs.iter().all(|(_, n)| n != "Non-maskable"), "{irqs:?}");
+    }
+
+    #[test]
+    fn hardware_paths_from_the_pci_driver_or_the_name() {
+        let dev = |name: &str, driver: Option<&str>| RdmaDevice {
+            name: name.to_owned(),
+            driver: driver.map(str::to_owned),
+            parent_netdev: None,
+        };
+        assert_eq!(
+            dev("rocep59s0f0", Some("ice")).hardware(),
+            Some(Driver::Irdma)
+        );
+        assert_eq!(dev("irdma1", None).hardware(), Some(Driver::Irdma));
+        assert_eq!(
+            dev("bnxt_re0", Some("bnxt_en")).hardware(),
+            Some(Driver::BnxtRe)
+        );
+        assert_eq!(dev("mana_0", Some("mana")).hardware(), Some(Driver::Mana));
+        assert_eq!(
+            dev("mlx5_0", Some("mlx5_core")).hardware(),
+            Some(Driver::Mlx5)
+        );
+        assert_eq!(dev("siw0", None).hardware(), None);
     }
 
     #[test]

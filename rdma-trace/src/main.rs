@@ -2,6 +2,7 @@
 
 mod bpf;
 mod cmd;
+mod ebpf_log;
 mod elf;
 mod error;
 mod hist;
@@ -44,6 +45,10 @@ use crate::error::{Unsupported, exit};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Show the eBPF programs' rare-event messages (an end without its start, a busy entry
+    /// slot, a full sample ring), rate-limited; RUST_LOG=warn does the same.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
 }
 
 #[derive(Subcommand)]
@@ -76,6 +81,11 @@ enum Cmd {
     Verify(cmd::verify::Args),
     /// Serve the probe histograms and counters to Prometheus over HTTP, until Ctrl-C.
     Export(cmd::export::Args),
+    /// The probe table and this kernel's decision per row (method, or why not); --check attaches.
+    #[command(after_help = "Examples:\n  rdma-trace probes\n  \
+                            rdma-trace probes --driver mlx5 --json\n  \
+                            sudo rdma-trace probes --all-drivers --check")]
+    Probes(cmd::probes::Args),
     /// Print a shell completion script (bash, zsh, fish, ...) to stdout.
     Completions(cmd::completions::Args),
     /// Write a man page per subcommand into a directory (used by `cargo xtask man`).
@@ -93,6 +103,7 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    ebpf_log::init(cli.verbose, std::env::var("RUST_LOG").ok().as_deref());
     // Generated from the CLI definition: no runtime, no privileges.
     let generated = match &cli.cmd {
         Cmd::Completions(a) => Some(cmd::completions::completions(
@@ -142,6 +153,7 @@ fn main() -> ExitCode {
             Cmd::Cq(a) => cmd::cq::run(a).await.map(|()| None),
             Cmd::Verify(a) => cmd::verify::run(a).await,
             Cmd::Export(a) => cmd::export::run(a).await.map(|()| None),
+            Cmd::Probes(a) => cmd::probes::run(a).await.map(|()| None),
             Cmd::Completions(_) | Cmd::Man(_) => Ok(None),
         }
     });

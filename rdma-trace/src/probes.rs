@@ -8,17 +8,54 @@
 use serde::Serialize;
 
 /// Which completion path a probe belongs to; rows of absent drivers are skipped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Driver {
     /// Every RDMA driver (ib_core, ib_uverbs).
     Generic,
     /// Mellanox/NVIDIA ConnectX (mlx5_core, mlx5_ib).
     Mlx5,
+    /// Intel E810/X722 (irdma, on ice or i40e).
+    Irdma,
+    /// Broadcom NetXtreme-E (bnxt_re, on bnxt_en).
+    #[serde(rename = "bnxt_re")]
+    BnxtRe,
+    /// Microsoft Azure Network Adapter (mana_ib, on mana).
+    Mana,
     /// Soft-RoCE (rdma_rxe).
     Rxe,
     /// The network stack and interrupts under it.
     Network,
+}
+
+impl Driver {
+    /// Every driver, in table order.
+    pub const ALL: [Driver; 7] = [
+        Driver::Generic,
+        Driver::Mlx5,
+        Driver::Irdma,
+        Driver::BnxtRe,
+        Driver::Mana,
+        Driver::Rxe,
+        Driver::Network,
+    ];
+
+    /// The name users type (`--driver mlx5`) and read.
+    pub fn name(self) -> &'static str {
+        match self {
+            Driver::Generic => "generic",
+            Driver::Mlx5 => "mlx5",
+            Driver::Irdma => "irdma",
+            Driver::BnxtRe => "bnxt_re",
+            Driver::Mana => "mana",
+            Driver::Rxe => "rxe",
+            Driver::Network => "network",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Driver> {
+        Driver::ALL.into_iter().find(|d| d.name() == name)
+    }
 }
 
 /// What a probe measures.
@@ -91,6 +128,12 @@ pub struct ProbeDef {
     pub methods: &'static [Method],
     /// Shown with the probe when it counts nothing although attached, where that is expected.
     pub zero_note: Option<&'static str>,
+    /// The kernel module that holds the row's functions (`None`: vmlinux, or not a function).
+    /// A function missing from kallsyms while its module is loaded was inlined.
+    pub module: Option<&'static str>,
+    /// The first kernel release (major, minor) whose sources have the row's functions, where
+    /// older kernels the tool supports lack them.
+    pub since: Option<(u32, u32)>,
 }
 
 impl ProbeDef {
@@ -118,6 +161,8 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: MODULE_FUNC,
         zero_note: Some("polling mode takes no completion events: expected 0"),
+        module: Some("ib_uverbs"),
+        since: None,
     },
     ProbeDef {
         name: "ibv_get_cq_event",
@@ -129,6 +174,8 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: &[Method::Uprobe],
         zero_note: Some("polling mode never waits on the completion channel"),
+        module: None,
+        since: None,
     },
     ProbeDef {
         name: "wakeup",
@@ -140,27 +187,59 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: MODULE_FUNC,
         zero_note: Some("nobody blocked on a completion channel (polling mode)"),
+        module: Some("ib_uverbs"),
+        since: None,
     },
-    // ---- mlx5: hard IRQ → tasklet → mlx5_ib_cq_comp → ib_uverbs_comp_handler
+    // ---- mlx5 (mlx5_core + mlx5_ib, 6.1 and 6.12): IRQ mlx5_comp<N> → irq_int_handler →
+    // mlx5_eq_comp_int (EQ) → user CQs: mlx5_add_cq_to_tasklet, then the tasklet
+    // mlx5_cq_tasklet_cb → mlx5_ib_cq_comp → comp_handler (kernel CQs: mlx5_ib_cq_comp directly).
+    ProbeDef {
+        name: "irq mlx5_comp",
+        what: "hard IRQ handlers of mlx5 completion vectors (mlx5_comp<N>@pci:<bdf>; SFs: mlx5_sf_comp<N>; one-vector devices: mlx5_combined0)",
+        driver: Driver::Mlx5,
+        shape: Shape::Irq {
+            patterns: &["mlx5_comp*", "mlx5_sf_comp*", "mlx5_combined*"],
+        },
+        methods: TRACEPOINT,
+        zero_note: None,
+        module: None,
+        since: None,
+    },
     ProbeDef {
         name: "mlx5_eq_comp_int",
-        what: "mlx5 completion EQ interrupt handler",
+        what: "mlx5 completion EQ handler (hard IRQ): walks the EQ, hands each CQ to its callback",
         driver: Driver::Mlx5,
         shape: Shape::Duration {
             function: "mlx5_eq_comp_int",
         },
         methods: MODULE_FUNC,
         zero_note: None,
+        module: Some("mlx5_core"),
+        since: None,
+    },
+    ProbeDef {
+        name: "mlx5_cq_tasklet_cb",
+        what: "mlx5 completion tasklet: runs the completion callbacks of user CQs the EQ queued",
+        driver: Driver::Mlx5,
+        shape: Shape::Duration {
+            function: "mlx5_cq_tasklet_cb",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some("only armed user CQs (event mode) go through the tasklet"),
+        module: Some("mlx5_core"),
+        since: None,
     },
     ProbeDef {
         name: "mlx5_ib_cq_comp",
-        what: "mlx5_ib forwards a CQ completion to its consumer's handler",
+        what: "mlx5_ib calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
         driver: Driver::Mlx5,
         shape: Shape::Duration {
             function: "mlx5_ib_cq_comp",
         },
         methods: MODULE_FUNC,
         zero_note: Some("only armed CQs (event mode) get completion callbacks"),
+        module: Some("mlx5_ib"),
+        since: None,
     },
     ProbeDef {
         name: "mlx5_ib_poll_cq",
@@ -171,18 +250,217 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: MODULE_FUNC,
         zero_note: Some(
-            "user space polls mlx5 CQs in rdma-core's provider, without the kernel: expected 0 for the demos",
+            "serves kernel consumers only: user space polls mlx5 CQs in rdma-core's provider, without the kernel: expected 0 for the demos",
         ),
+        module: Some("mlx5_ib"),
+        since: None,
     },
+    // ---- irdma (6.1 and 6.12): IRQ (6.1 "CEQ"/"AEQCEQ", 6.12 irdma-<bdf>-CEQ-<n>) →
+    // irdma_ceq_handler → tasklet irdma_ceq_dpc → irdma_process_ceq → irdma_iwarp_ce_handler →
+    // comp_handler. Vector 0 may be shared with the AEQ: irdma_irq_handler → irdma_dpc.
     ProbeDef {
-        name: "irq mlx5_comp",
-        what: "hard IRQ handlers of mlx5 completion vectors (mlx5_comp*)",
-        driver: Driver::Mlx5,
+        name: "irq irdma_ceq",
+        what: "hard IRQ handlers of irdma completion event queues (CEQ vectors)",
+        driver: Driver::Irdma,
         shape: Shape::Irq {
-            patterns: &["mlx5_comp*"],
+            patterns: &["irdma-*-CEQ-*", "irdma-*-AEQCEQ-*", "CEQ", "AEQCEQ"],
         },
         methods: TRACEPOINT,
         zero_note: None,
+        module: None,
+        since: None,
+    },
+    ProbeDef {
+        name: "irdma_ceq_handler",
+        what: "irdma CEQ interrupt handler (hard IRQ): schedules the CEQ tasklet",
+        driver: Driver::Irdma,
+        shape: Shape::Duration {
+            function: "irdma_ceq_handler",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some(
+            "CEQ 0 shares its vector with the AEQ where MSI-X is short (irdma_irq_handler)",
+        ),
+        module: Some("irdma"),
+        since: None,
+    },
+    ProbeDef {
+        name: "irdma_ceq_dpc",
+        what: "irdma CEQ tasklet: processes one completion event queue",
+        driver: Driver::Irdma,
+        shape: Shape::Duration {
+            function: "irdma_ceq_dpc",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+        module: Some("irdma"),
+        since: None,
+    },
+    ProbeDef {
+        name: "irdma_process_ceq",
+        what: "irdma walks a CEQ: one CQ per event, whose comp_handler it calls",
+        driver: Driver::Irdma,
+        shape: Shape::Duration {
+            function: "irdma_process_ceq",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+        module: Some("irdma"),
+        since: None,
+    },
+    ProbeDef {
+        name: "irdma_iwarp_ce_handler",
+        what: "irdma calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
+        driver: Driver::Irdma,
+        shape: Shape::Duration {
+            function: "irdma_iwarp_ce_handler",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some("only armed CQs (event mode) get completion callbacks"),
+        module: Some("irdma"),
+        since: None,
+    },
+    ProbeDef {
+        name: "irdma_poll_cq",
+        what: "kernel-side polling of an irdma CQ (kernel consumers only)",
+        driver: Driver::Irdma,
+        shape: Shape::Duration {
+            function: "irdma_poll_cq",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some(
+            "serves kernel consumers only: user space polls irdma CQs in rdma-core's provider: expected 0 for the demos",
+        ),
+        module: Some("irdma"),
+        since: None,
+    },
+    // ---- bnxt_re (6.12; Debian's 6.1 does not build it): IRQ bnxt_re-nq-<n>@pci:<bdf> →
+    // bnxt_qplib_nq_irq → tasklet bnxt_qplib_service_nq → bnxt_re_cqn_handler → comp_handler.
+    ProbeDef {
+        name: "irq bnxt_re_nq",
+        what: "hard IRQ handlers of bnxt_re notification queues (bnxt_re-nq-<n>@pci:<bdf>)",
+        driver: Driver::BnxtRe,
+        shape: Shape::Irq {
+            patterns: &["bnxt_re-nq-*"],
+        },
+        methods: TRACEPOINT,
+        zero_note: None,
+        module: None,
+        since: None,
+    },
+    ProbeDef {
+        name: "bnxt_qplib_nq_irq",
+        what: "bnxt_re notification queue interrupt handler (hard IRQ): schedules the NQ tasklet",
+        driver: Driver::BnxtRe,
+        shape: Shape::Duration {
+            function: "bnxt_qplib_nq_irq",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+        module: Some("bnxt_re"),
+        since: None,
+    },
+    ProbeDef {
+        name: "bnxt_qplib_service_nq",
+        what: "bnxt_re NQ tasklet: walks the notification queue, one CQ per CQ notification",
+        driver: Driver::BnxtRe,
+        shape: Shape::Duration {
+            function: "bnxt_qplib_service_nq",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+        module: Some("bnxt_re"),
+        since: None,
+    },
+    ProbeDef {
+        name: "bnxt_re_cqn_handler",
+        what: "bnxt_re calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
+        driver: Driver::BnxtRe,
+        shape: Shape::Duration {
+            function: "bnxt_re_cqn_handler",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some("only armed CQs (event mode) get completion callbacks"),
+        module: Some("bnxt_re"),
+        since: None,
+    },
+    ProbeDef {
+        name: "bnxt_re_poll_cq",
+        what: "kernel-side polling of a bnxt_re CQ (kernel consumers only)",
+        driver: Driver::BnxtRe,
+        shape: Shape::Duration {
+            function: "bnxt_re_poll_cq",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some(
+            "serves kernel consumers only: user space polls bnxt_re CQs in rdma-core's provider: expected 0 for the demos",
+        ),
+        module: Some("bnxt_re"),
+        since: None,
+    },
+    // ---- mana_ib (6.12): IRQ mana_q<n>@pci:<bdf> (shared with the Ethernet queues) →
+    // mana_gd_intr → mana_gd_process_eq_events (EQ) → mana_ib_cq_handler → comp_handler.
+    ProbeDef {
+        name: "irq mana_q",
+        what: "hard IRQ handlers of MANA queue vectors (mana_q<n>@pci:<bdf>; shared with Ethernet)",
+        driver: Driver::Mana,
+        shape: Shape::Irq {
+            patterns: &["mana_q*"],
+        },
+        methods: TRACEPOINT,
+        zero_note: None,
+        module: None,
+        since: None,
+    },
+    ProbeDef {
+        name: "mana_gd_intr",
+        what: "MANA interrupt handler (hard IRQ): runs the handler of every EQ on the vector",
+        driver: Driver::Mana,
+        shape: Shape::Duration {
+            function: "mana_gd_intr",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+        module: Some("mana"),
+        since: None,
+    },
+    ProbeDef {
+        name: "mana_gd_process_eq_events",
+        what: "MANA EQ handler: walks the EQ, calls each completed CQ's callback",
+        driver: Driver::Mana,
+        shape: Shape::Duration {
+            function: "mana_gd_process_eq_events",
+        },
+        methods: MODULE_FUNC,
+        zero_note: None,
+        module: Some("mana"),
+        since: None,
+    },
+    ProbeDef {
+        name: "mana_ib_cq_handler",
+        what: "mana_ib calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
+        driver: Driver::Mana,
+        shape: Shape::Duration {
+            function: "mana_ib_cq_handler",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some("only armed CQs (event mode) get completion callbacks"),
+        module: Some("mana_ib"),
+        since: None,
+    },
+    ProbeDef {
+        name: "mana_ib_poll_cq",
+        what: "kernel-side polling of a mana_ib CQ (kernel consumers only)",
+        driver: Driver::Mana,
+        shape: Shape::Duration {
+            function: "mana_ib_poll_cq",
+        },
+        methods: MODULE_FUNC,
+        zero_note: Some(
+            "serves kernel consumers only: user space polls MANA CQs in rdma-core's provider: expected 0 for the demos",
+        ),
+        module: Some("mana_ib"),
+        since: Some((6, 15)),
     },
     // ---- rxe: packets arrive through the network stack; responder/completer post CQEs
     ProbeDef {
@@ -194,6 +472,8 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: MODULE_FUNC,
         zero_note: Some("traffic inside one rxe device loops back without the IP stack"),
+        module: Some("rdma_rxe"),
+        since: None,
     },
     ProbeDef {
         name: "rxe_rcv",
@@ -204,6 +484,8 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: MODULE_FUNC,
         zero_note: None,
+        module: Some("rdma_rxe"),
+        since: None,
     },
     ProbeDef {
         name: "rxe_requester",
@@ -214,6 +496,8 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: MODULE_FUNC,
         zero_note: None,
+        module: Some("rdma_rxe"),
+        since: None,
     },
     ProbeDef {
         name: "rxe_responder",
@@ -224,6 +508,8 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: MODULE_FUNC,
         zero_note: None,
+        module: Some("rdma_rxe"),
+        since: None,
     },
     ProbeDef {
         name: "rxe_completer",
@@ -234,6 +520,8 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: MODULE_FUNC,
         zero_note: None,
+        module: Some("rdma_rxe"),
+        since: None,
     },
     ProbeDef {
         name: "rxe_cq_post",
@@ -244,6 +532,8 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: MODULE_FUNC,
         zero_note: None,
+        module: Some("rdma_rxe"),
+        since: None,
     },
     ProbeDef {
         name: "rxe_poll_cq",
@@ -256,6 +546,8 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some(
             "the rxe provider polls the CQ mapped into user space, without the kernel: expected 0, not a bug",
         ),
+        module: Some("rdma_rxe"),
+        since: None,
     },
     // ---- network and interrupts
     ProbeDef {
@@ -267,6 +559,8 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: FUNC,
         zero_note: None,
+        module: None,
+        since: None,
     },
     ProbeDef {
         name: "napi_poll packets",
@@ -275,6 +569,8 @@ pub const PROBES: &[ProbeDef] = &[
         shape: Shape::NapiPoll,
         methods: TRACEPOINT,
         zero_note: None,
+        module: None,
+        since: None,
     },
     ProbeDef {
         name: "softirq NET_RX",
@@ -283,6 +579,8 @@ pub const PROBES: &[ProbeDef] = &[
         shape: Shape::Softirq { vector: 3 },
         methods: TRACEPOINT,
         zero_note: None,
+        module: None,
+        since: None,
     },
     ProbeDef {
         name: "softirq TASKLET",
@@ -291,6 +589,8 @@ pub const PROBES: &[ProbeDef] = &[
         shape: Shape::Softirq { vector: 6 },
         methods: TRACEPOINT,
         zero_note: None,
+        module: None,
+        since: None,
     },
     ProbeDef {
         name: "irq nic",
@@ -301,6 +601,8 @@ pub const PROBES: &[ProbeDef] = &[
         },
         methods: TRACEPOINT,
         zero_note: None,
+        module: None,
+        since: None,
     },
 ];
 
@@ -332,6 +634,31 @@ mod tests {
     }
 
     #[test]
+    fn driver_function_rows_name_a_module_of_their_driver_path() {
+        for p in PROBES {
+            if matches!(p.shape, Shape::Duration { .. } | Shape::Interval { .. })
+                && p.driver != Driver::Network
+            {
+                let m = p.module.unwrap_or_else(|| panic!("{}: no module", p.name));
+                let modules: &[&str] = match p.driver {
+                    Driver::Generic => &["ib_core", "ib_uverbs"],
+                    Driver::Mlx5 => &["mlx5_core", "mlx5_ib"],
+                    Driver::Irdma => &["irdma"],
+                    Driver::BnxtRe => &["bnxt_re"],
+                    Driver::Mana => &["mana", "mana_ib"],
+                    Driver::Rxe => &["rdma_rxe"],
+                    Driver::Network => &[],
+                };
+                assert!(modules.contains(&m), "{}: {m}", p.name);
+            }
+        }
+        for d in Driver::ALL {
+            assert_eq!(Driver::from_name(d.name()), Some(d));
+        }
+        assert_eq!(Driver::from_name("mlx4"), None);
+    }
+
+    #[test]
     fn names_are_unique_and_rows_complete() {
         for (i, p) in PROBES.iter().enumerate() {
             assert!(!p.what.is_empty() && !p.methods.is_empty(), "{}", p.name);
@@ -345,7 +672,7 @@ mod tests {
 
     #[test]
     fn every_driver_path_has_probes_and_the_issue_points_are_there() {
-        for d in [Driver::Generic, Driver::Mlx5, Driver::Rxe, Driver::Network] {
+        for d in Driver::ALL {
             assert!(PROBES.iter().any(|p| p.driver == d), "{d:?}");
         }
         for name in [
@@ -353,6 +680,9 @@ mod tests {
             "mlx5_ib_poll_cq",
             "mlx5_ib_cq_comp",
             "mlx5_eq_comp_int",
+            "irdma_process_ceq",
+            "bnxt_re_cqn_handler",
+            "mana_ib_cq_handler",
             "rxe_cq_post",
             "rxe_rcv",
             "rxe_udp_encap_recv",

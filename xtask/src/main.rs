@@ -2,6 +2,7 @@
 
 mod bench;
 mod build_ebpf;
+mod fixtures;
 mod man;
 mod run;
 mod setup;
@@ -28,6 +29,9 @@ enum Cmd {
     BuildEbpf(build_ebpf::Args),
     /// Boot a Debian kernel with two Soft-RoCE devices in QEMU and run a command in it.
     Vm(vm::Args),
+    /// Kernel fixtures of the hardware RDMA drivers, read off the guest kernels' own modules
+    /// (into rdma-trace/tests/fixtures/<driver>-<kernel>/).
+    Fixtures(fixtures::Args),
     /// Generate the man pages of rdma-trace and rdma-demo (into target/man).
     Man(man::Args),
     /// The main job: build, then `rdma-trace run --mode event` here (RDMA device) or in the guest.
@@ -49,6 +53,7 @@ fn main() -> ExitCode {
         Cmd::Test(a) => test::run(&a).map(|()| 0),
         Cmd::Bench(a) => bench::run(&a),
         Cmd::Man(a) => man::run(&a).map(|_| 0),
+        Cmd::Fixtures(a) => fixtures::run(&a).map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -275,7 +275,8 @@ struct ProbeLabels {
     host: String,
     all: String,
     rxe: String,
-    mlx5: String,
+    /// Devices of each hardware driver path.
+    hardware: Vec<(Driver, String)>,
 }
 
 impl ProbeLabels {
@@ -294,7 +295,18 @@ impl ProbeLabels {
             host: host.to_owned(),
             all: join(|_| true),
             rxe: join(RdmaDevice::is_rxe),
-            mlx5: join(RdmaDevice::is_mlx5),
+            hardware: [Driver::Mlx5, Driver::Irdma, Driver::BnxtRe, Driver::Mana]
+                .into_iter()
+                .map(|hw| {
+                    let mut names: Vec<&str> = devices
+                        .iter()
+                        .filter(|d| d.hardware() == Some(hw))
+                        .map(|d| d.name.as_str())
+                        .collect();
+                    names.sort_unstable();
+                    (hw, names.join(","))
+                })
+                .collect(),
         }
     }
 
@@ -303,9 +315,15 @@ impl ProbeLabels {
     fn of(&self, def: &ProbeDef) -> String {
         let (driver, device) = match def.driver {
             Driver::Generic => ("generic", self.all.as_str()),
-            Driver::Mlx5 => ("mlx5", self.mlx5.as_str()),
             Driver::Rxe => ("rxe", self.rxe.as_str()),
             Driver::Network => ("network", ""),
+            hw => (
+                hw.name(),
+                self.hardware
+                    .iter()
+                    .find(|(d, _)| *d == hw)
+                    .map_or("", |(_, names)| names.as_str()),
+            ),
         };
         format!(
             "probe=\"{}\",driver=\"{driver}\",device=\"{}\",host=\"{}\"",

@@ -66,6 +66,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
                 shape: Shape::Duration { function },
                 methods: &[Method::Kprobe, Method::Fentry],
                 zero_note: None,
+                module: None,
+                since: None,
             }
         })
         .collect();

@@ -21,11 +21,19 @@ use crate::{
     tui::{Live, Progress, Sample, Source},
 };
 
-/// IRQs traced without `--match`: mlx5 completion and async vectors, virtio NIC queues, and
-/// the usual NIC names.
+/// IRQs traced without `--match`: the completion vectors of mlx5, irdma, bnxt_re and MANA
+/// (see their IRQ rows in probes.rs), mlx5 async vectors, virtio NIC queues, and the usual NIC
+/// names.
 pub const DEFAULT_PATTERNS: &[&str] = &[
     "mlx5_comp*",
+    "mlx5_sf_comp*",
+    "mlx5_combined*",
     "mlx5_async*",
+    "irdma-*",
+    "CEQ",
+    "AEQCEQ",
+    "bnxt_re-nq-*",
+    "mana_q*",
     "virtio*-input*",
     "virtio*-output*",
     "eth*",
@@ -39,8 +47,8 @@ pub struct Args {
     #[arg(short, long, value_name = "SECS", value_parser = crate::parse_seconds)]
     pub duration: Option<Duration>,
     /// IRQ names to trace, as in /proc/interrupts; `*` matches any text; repeat or separate
-    /// with commas [default: mlx5_comp*, mlx5_async*, virtio*-input*, virtio*-output*, eth*,
-    /// ens*, enp*].
+    /// with commas [default: the completion vectors of mlx5, irdma, bnxt_re and MANA, mlx5_async*,
+    /// virtio*-input*, virtio*-output*, eth*, ens*, enp*].
     #[arg(short, long = "match", value_name = "PATTERN", value_delimiter = ',')]
     pub patterns: Vec<String>,
     /// Also write the report as JSON to this file (`-`: stdout).
@@ -96,6 +104,8 @@ fn irq_probes(irqs: &[(u32, String)], patterns: &[String]) -> Vec<ProbeDef> {
                 shape: Shape::Irq { patterns },
                 methods: &[Method::RawTracepoint],
                 zero_note: None,
+                module: None,
+                since: None,
             }
         })
         .collect();
@@ -113,6 +123,8 @@ fn irq_probes(irqs: &[(u32, String)], patterns: &[String]) -> Vec<ProbeDef> {
             shape: Shape::Softirq { vector },
             methods: &[Method::RawTracepoint],
             zero_note: None,
+            module: None,
+            since: None,
         });
     }
     defs
@@ -327,6 +339,26 @@ mod tests {
         let only = irq_probes(&irqs, &["virtio0-*".to_owned()]);
         assert_eq!(only.len(), 3);
         assert!(matches!(only[0].shape, Shape::Irq { patterns } if patterns == ["virtio0-config"]));
+    }
+
+    #[test]
+    fn default_patterns_cover_the_hardware_drivers_completion_vectors() {
+        let pats: Vec<String> = DEFAULT_PATTERNS.iter().map(|s| s.to_string()).collect();
+        let irqs: Vec<(u32, String)> = [
+            "irdma-0000:3b:00.0-CEQ-0",
+            "CEQ",
+            "bnxt_re-nq-0@pci:0000:3b:00.0",
+            "mana_q0@pci:7870:00:00.0",
+            "mlx5_sf_comp0@pci:0000:3b:00.0",
+            "timer",
+        ]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (i as u32 + 100, n.to_string()))
+        .collect();
+        let defs = irq_probes(&irqs, &pats);
+        assert_eq!(defs.len(), 5 + 2, "five driver IRQs and NET_RX/TASKLET");
+        assert!(defs.iter().all(|d| d.name != "irq timer"));
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod cq;
 pub mod export;
 pub mod funclat;
 pub mod irq;
+pub mod probes;
 pub mod run;
 pub mod softirqs;
 pub mod verify;

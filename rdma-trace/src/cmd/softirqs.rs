@@ -43,6 +43,8 @@ fn vector_probes() -> Vec<ProbeDef> {
             shape: Shape::Softirq { vector },
             methods: &[Method::RawTracepoint],
             zero_note: None,
+            module: None,
+            since: None,
         })
         .collect()
 }

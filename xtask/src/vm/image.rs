@@ -15,8 +15,10 @@ use anyhow::{Context as _, Result, bail};
 use super::{Kernel, apt, cpio, kimage, kmod, packages};
 use crate::util::{cache_dir, output, say};
 
-/// Bump when the image-building logic changes in a way the stamp cannot see.
-const LOGIC_VERSION: &str = "2";
+/// Bump when the image-building logic changes in a way the stamp cannot see. The cached base
+/// files carry it in their names, so checkouts with different image logic (branches) share the
+/// cache without rebuilding each other's image on every run.
+const LOGIC_VERSION: &str = "3";
 
 /// The guest's PID 1.
 const INIT: &str = include_str!("../../guest/init.sh");
@@ -73,6 +75,7 @@ pub fn prepare(kernel: Kernel, bench: bool) -> Result<Base> {
     let kdir = kernel_dir(kernel);
     fs::create_dir_all(&kdir).with_context(|| format!("creating {}", kdir.display()))?;
     let v = variant(bench);
+    let b = format!("{v}-l{LOGIC_VERSION}");
 
     let kernel_deb = kernel_deb(kernel, &cache, &debs, &kdir)?;
     let user_debs = userland_debs(&debs, &userland_packages(bench))?;
@@ -84,19 +87,24 @@ pub fn prepare(kernel: Kernel, bench: bool) -> Result<Base> {
     ];
     stamp_input.extend(user_debs.iter().map(|d| file_name(d)));
     stamp_input.extend(packages::MODULE_ROOTS.iter().map(|s| s.to_string()));
+    stamp_input.extend(
+        packages::DRIVER_MODULES
+            .iter()
+            .map(|s| format!("driver {s}")),
+    );
     stamp_input.extend(packages::REQUIRED_CONFIG.iter().map(|s| s.to_string()));
     let stamp = stamp_of(&stamp_input);
 
     let base = Base {
         kernel: kdir.join("kernel"),
-        cpio: kdir.join(format!("base{v}.cpio")),
+        cpio: kdir.join(format!("base{b}.cpio")),
         libs: HashSet::new(),
         kver: fs::read_to_string(kdir.join("kver")).unwrap_or_default(),
     };
-    let current = fs::read_to_string(kdir.join(format!("base{v}.stamp"))).is_ok_and(|s| s == stamp)
+    let current = fs::read_to_string(kdir.join(format!("base{b}.stamp"))).is_ok_and(|s| s == stamp)
         && base.kernel.is_file()
         && base.cpio.is_file();
-    if current && let Ok(libs) = fs::read_to_string(kdir.join(format!("base{v}.libs"))) {
+    if current && let Ok(libs) = fs::read_to_string(kdir.join(format!("base{b}.libs"))) {
         return Ok(Base {
             libs: libs.lines().map(str::to_owned).collect(),
             ..base
@@ -104,8 +112,8 @@ pub fn prepare(kernel: Kernel, bench: bool) -> Result<Base> {
     }
 
     let userland = extract_userland(&cache, &user_debs, v)?;
-    let base = build_base(kernel, &kernel_deb, &userland, &kdir, v)?;
-    fs::write(kdir.join(format!("base{v}.stamp")), stamp)
+    let base = build_base(kernel, &kernel_deb, &userland, &kdir, &b)?;
+    fs::write(kdir.join(format!("base{b}.stamp")), stamp)
         .context("writing the base image stamp")?;
     Ok(base)
 }
@@ -295,7 +303,13 @@ fn build_base_from(kroot: &Path, userland: &Path, kdir: &Path, variant: &str) ->
         .map(|d| kroot.join(d).join(&kver))
         .find(|d| d.is_dir())
         .context("no lib/modules/<version> in the kernel package")?;
-    let (order, images) = modules(&moddir)?;
+    let (order, drivers, images) = modules(&moddir)?;
+    for (root, list) in drivers {
+        tree.add(
+            &format!("usr/lib/modules/drivers/{root}.list"),
+            Node::data(0o644, format!("{}\n", list.join("\n")).into_bytes()),
+        );
+    }
     for (name, data) in images {
         tree.add(
             &format!("usr/lib/modules/{name}.ko"),
@@ -339,6 +353,11 @@ fn build_base_from(kroot: &Path, userland: &Path, kdir: &Path, variant: &str) ->
             0o644,
             b"passwd: files\ngroup: files\nhosts: files\n".to_vec(),
         ),
+    );
+    // The kernel's configuration, where rdma-trace looks for it (CONFIG_KPROBES, ...).
+    tree.add(
+        &format!("boot/config-{kver}"),
+        Node::data(0o644, config.clone().into_bytes()),
     );
     tree.add(
         "etc/kver",
@@ -417,12 +436,14 @@ fn check_config(config: &str) -> Result<()> {
     Ok(())
 }
 
-/// The load order of the module roots and their dependencies, and each module's (decompressed)
-/// image.
 /// Module images by name.
 type ModuleImages = BTreeMap<String, Vec<u8>>;
+/// Per driver root (`packages::DRIVER_MODULES`), its load order.
+type DriverLists = Vec<(String, Vec<String>)>;
 
-fn modules(moddir: &Path) -> Result<(Vec<String>, ModuleImages)> {
+/// The load order of the module roots and their dependencies, the load order of each driver
+/// root the package has (`packages::DRIVER_MODULES`), and each module's (decompressed) image.
+fn modules(moddir: &Path) -> Result<(Vec<String>, DriverLists, ModuleImages)> {
     let mut files: HashMap<String, PathBuf> = HashMap::new();
     walk_files(&moddir.join("kernel"), &mut |p| {
         if let Some(name) = p
@@ -439,7 +460,7 @@ fn modules(moddir: &Path) -> Result<(Vec<String>, ModuleImages)> {
         .filter_map(|l| l.rsplit('/').next().and_then(kmod::module_file_name))
         .collect();
     let mut images = BTreeMap::new();
-    let order = kmod::load_order(packages::MODULE_ROOTS, |name| {
+    let mut deps_of = |name: &str| {
         let Some(path) = files.get(name) else {
             if builtin.contains(name) {
                 return Ok(None);
@@ -450,8 +471,15 @@ fn modules(moddir: &Path) -> Result<(Vec<String>, ModuleImages)> {
         let deps = kmod::modinfo_depends(&data);
         images.insert(name.to_owned(), data);
         Ok(Some(deps))
-    })?;
-    Ok((order, images))
+    };
+    let order = kmod::load_order(packages::MODULE_ROOTS, &mut deps_of)?;
+    let mut drivers = Vec::new();
+    for root in packages::DRIVER_MODULES {
+        if files.contains_key(*root) {
+            drivers.push((root.to_string(), kmod::load_order(&[root], &mut deps_of)?));
+        }
+    }
+    Ok((order, drivers, images))
 }
 
 /// A module's bytes; `.ko.xz` (6.12) is decompressed with xz.

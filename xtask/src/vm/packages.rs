@@ -121,6 +121,13 @@ pub const MODULE_ROOTS: &[&str] = &[
     "9p",
 ];
 
+/// Hardware RDMA drivers that go into the image but are NOT loaded at boot (the guest has none
+/// of their devices; a module loads without its device). Each root's load order, dependencies
+/// first, is in `/lib/modules/drivers/<root>.list`; `rdma-trace`'s driver guest test and
+/// `cargo xtask fixtures` load them. A root the kernel package lacks (Debian's 6.1 builds neither
+/// bnxt_re nor mana_ib) has no list.
+pub const DRIVER_MODULES: &[&str] = &["mlx5_ib", "irdma", "bnxt_re", "mana_ib"];
+
 /// Kernel options the project needs, checked in the package's `boot/config-*`.
 pub const REQUIRED_CONFIG: &[&str] = &[
     "CONFIG_KPROBES=y",
