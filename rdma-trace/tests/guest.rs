@@ -13,10 +13,10 @@ use serde_json::Value;
 
 const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
 
-#[path = "guest/hardening.rs"]
-mod hardening;
 mod guest_drivers;
 mod guest_ebpf_log;
+#[path = "guest/hardening.rs"]
+mod hardening;
 
 /// Index of the RoCE v2 GID of `dev` that maps IPv4 address `ip` (from sysfs).
 fn roce_v2_gid_index(dev: &str, ip: [u8; 4]) -> u32 {

@@ -6,8 +6,42 @@ use std::{
     net::{TcpListener, TcpStream},
     path::PathBuf,
     process::{Command, Output},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
+
+/// Load that runs in a thread for at least its minimum time and until [`Load::join`]: a tracer
+/// that is slow to start (a loaded machine) still sees it once attached.
+struct Load {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<u64>,
+}
+
+impl Load {
+    fn spawn(min: Duration, step: impl FnMut() -> u64 + Send + 'static) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let mut step = step;
+        let handle = std::thread::spawn(move || {
+            let start = Instant::now();
+            let mut total = 0;
+            while start.elapsed() < min || !flag.load(Ordering::Relaxed) {
+                total += step();
+            }
+            total
+        });
+        Self { stop, handle }
+    }
+
+    /// Stop the load and return what it did.
+    fn join(self) -> std::thread::Result<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join()
+    }
+}
 
 fn rdma_trace(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rdma-trace"))
@@ -28,32 +62,27 @@ fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("rdma-trace-host-{}-{name}", std::process::id()))
 }
 
-/// Push bytes through a loopback TCP connection for `d`: every segment is received through
-/// the NET_RX softirq (loopback xmit queues to the backlog NAPI).
-fn loopback_traffic(d: Duration) -> std::thread::JoinHandle<u64> {
+/// Push bytes through a loopback TCP connection for at least `d`, and until joined: every
+/// segment is received through the NET_RX softirq (loopback xmit queues to the backlog NAPI).
+/// Returns the bytes sent.
+fn loopback_traffic(d: Duration) -> Load {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
     std::thread::spawn(move || {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let reader = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().expect("accept");
-            let mut buf = [0u8; 65536];
-            let mut total = 0u64;
-            while let Ok(n) = s.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                total += n as u64;
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
             }
-            total
-        });
-        let mut c = TcpStream::connect(addr).expect("connect");
-        c.set_nodelay(true).expect("nodelay");
-        let start = Instant::now();
-        while start.elapsed() < d {
-            c.write_all(&[7u8; 1024]).expect("write");
         }
-        drop(c);
-        reader.join().expect("reader")
+    });
+    let mut c = TcpStream::connect(addr).expect("connect");
+    c.set_nodelay(true).expect("nodelay");
+    // The connection closes when the load thread ends (it owns `c`).
+    Load::spawn(d, move || {
+        c.write_all(&[7u8; 1024]).expect("write");
+        1024
     })
 }
 
@@ -422,20 +451,22 @@ fn export_refuses_a_bad_address_as_usage() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-/// Disk writes with fsync for `d`: each flush completes through the block device's IRQ.
-fn disk_traffic(d: Duration) -> std::thread::JoinHandle<u64> {
-    std::thread::spawn(move || {
-        let path = temp_path("disk-traffic");
-        let mut f = std::fs::File::create(&path).expect("temp file");
-        let start = Instant::now();
-        let mut syncs = 0;
-        while start.elapsed() < d {
-            f.write_all(&[1u8; 4096]).expect("write");
-            f.sync_data().expect("fsync");
-            syncs += 1;
+/// Disk writes with fsync for at least `d`, and until joined: each flush completes through the block device's IRQ.
+fn disk_traffic(d: Duration) -> Load {
+    /// Removes the file when the load ends.
+    struct Temp(PathBuf, std::fs::File);
+    impl Drop for Temp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
         }
-        let _ = std::fs::remove_file(&path);
-        syncs
+    }
+    let path = temp_path("disk-traffic");
+    let f = std::fs::File::create(&path).expect("temp file");
+    let mut t = Temp(path, f);
+    Load::spawn(d, move || {
+        t.1.write_all(&[1u8; 4096]).expect("write");
+        t.1.sync_data().expect("fsync");
+        1
     })
 }
 
