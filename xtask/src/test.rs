@@ -427,7 +427,9 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
     script.push_str("exit $rc\n");
     let code = vm::run_in_guest(&vm::GuestRun {
         kernel,
-        timeout: Duration::from_secs(900),
+        // A safety net against a hung guest, not a speed goal: under TCG the suites take
+        // 10-20 min on a quiet 2-core machine, and several times that on a loaded one.
+        timeout: Duration::from_secs(2700),
         cmd: vec![script],
         ..Default::default()
     })?;
