@@ -413,6 +413,25 @@ impl Bpf {
         }
     }
 
+    /// Detach and unload the programs named (the overhead budget's `--enforce`); the maps and
+    /// the other programs stay.
+    pub fn drop_programs(&mut self, names: &[String]) {
+        use aya::programs::Program;
+        for name in names {
+            if let Some(p) = self.ebpf.program_mut(name) {
+                let _ = match p {
+                    Program::KProbe(p) => p.unload(),
+                    Program::UProbe(p) => p.unload(),
+                    Program::RawTracePoint(p) => p.unload(),
+                    Program::FEntry(p) => p.unload(),
+                    Program::FExit(p) => p.unload(),
+                    _ => Ok(()),
+                };
+            }
+            self.detached(name);
+        }
+    }
+
     /// Counters and histograms of probes `ids`, summed over CPUs: one map lookup per probe.
     pub fn read(&self, ids: &[u32]) -> Result<HashMap<u32, ProbeData>> {
         let rows = self.rows()?;

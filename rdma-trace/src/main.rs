@@ -1,6 +1,8 @@
 //! rdma-trace: latency histograms of the Linux RDMA completion path, with eBPF.
 
 mod bpf;
+mod budget;
+mod calibrate;
 mod cmd;
 mod elf;
 mod error;

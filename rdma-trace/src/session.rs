@@ -85,6 +85,11 @@ impl Session {
         (self.bpf.program_stats(), self.bpf.stats_how())
     }
 
+    /// Detach the programs named, keeping the rest (`--overhead-budget ... --enforce`).
+    pub fn drop_programs(&mut self, names: &[String]) {
+        self.bpf.drop_programs(names);
+    }
+
     /// Events of every attached probe, per CPU.
     pub fn events_per_cpu(&self) -> Result<HashMap<u32, Vec<u64>>> {
         self.bpf.events_per_cpu(&self.attached_ids())
