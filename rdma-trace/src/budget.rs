@@ -5,7 +5,7 @@
 //! statistics) plus, per run, what its attach mechanism costs outside the body (the start-up
 //! calibration, [`crate::calibrate`]). Their sum over the round trips of the window is what
 //! tracing adds to one round trip. It is an estimate: the cost of a hit is measured on the
-//! getppid path, not on the traced functions, and caches and interrupts differ there.
+//! umask path, not on the traced functions, and caches and interrupts differ there.
 
 use serde::Serialize;
 
@@ -171,12 +171,34 @@ pub struct Dropped {
     pub percent: f64,
 }
 
-/// The return program paired with an entry program (`kentry_3` → `kreturn_3`).
+/// The program that ends what `entry` starts (`kentry_3` → `kreturn_3`, `softirq_entry` →
+/// `softirq_exit`): dropping the start makes the end useless.
 fn partner(entry: &str) -> Option<String> {
-    entry
-        .strip_prefix("kentry_")
-        .map(|n| format!("kreturn_{n}"))
-        .or_else(|| entry.strip_prefix("fentry_").map(|n| format!("fexit_{n}")))
+    if let Some(n) = entry.strip_prefix("kentry_") {
+        return Some(format!("kreturn_{n}"));
+    }
+    if let Some(n) = entry.strip_prefix("fentry_") {
+        return Some(format!("fexit_{n}"));
+    }
+    match entry {
+        "softirq_entry" => Some("softirq_exit".into()),
+        "irq_handler_entry" => Some("irq_handler_exit".into()),
+        "uentry" => Some("ureturn".into()),
+        _ => None,
+    }
+}
+
+/// An end program alone: dropping it loses durations, the start keeps counting.
+fn is_end(program: &str) -> bool {
+    [
+        "kreturn_",
+        "fexit_",
+        "softirq_exit",
+        "irq_handler_exit",
+        "ureturn",
+    ]
+    .iter()
+    .any(|p| program.starts_with(p))
 }
 
 /// Which programs to drop so that the rest stays within `budget_percent` of the round trip:
@@ -212,15 +234,12 @@ pub fn plan_drops(costs: &[ProgramCost], added: &Added, budget_percent: f64) -> 
             programs.push(ret);
             ns += r.cost_ns;
         }
-        let lost = match c.mechanism {
-            "kretprobe" => format!("durations of {} (its calls are still counted)", c.target),
-            "kprobe" | "fentry" if programs.len() > 1 || c.name.starts_with("kentry_") => {
-                format!("{}: counts and durations", c.target)
-            }
-            _ if c.name.starts_with("fexit_") => {
-                format!("durations of {} (its calls are still counted)", c.target)
-            }
-            _ => format!("{}: everything it feeds", c.target),
+        let lost = if is_end(&c.name) {
+            format!("durations of {} (its calls are still counted)", c.target)
+        } else if programs.len() > 1 {
+            format!("{}: counts and durations", c.target)
+        } else {
+            format!("{}: everything it feeds", c.target)
         };
         let pct = per_round_trip_pct(ns);
         percent -= pct;
@@ -270,6 +289,7 @@ mod tests {
             ns_per_hit: Some(ns),
             empty_body_ns: Some(100.0),
             unavailable: None,
+            setup_ms: 1.0,
         };
         Calibration {
             mechanisms: vec![
@@ -309,6 +329,32 @@ mod tests {
         assert!(o.uprobes && o.all_drivers);
         let o = Preset::Minimal.options(Options::default());
         assert!(!o.uprobes && !o.all_drivers);
+    }
+
+    #[test]
+    fn ends_go_alone_starts_take_their_end_along() {
+        assert_eq!(partner("kentry_3").as_deref(), Some("kreturn_3"));
+        assert_eq!(partner("fentry_0").as_deref(), Some("fexit_0"));
+        assert_eq!(partner("softirq_entry").as_deref(), Some("softirq_exit"));
+        assert_eq!(partner("napi_poll"), None);
+        assert!(is_end("softirq_exit") && is_end("kreturn_12") && !is_end("kentry_1"));
+        let c = costs(
+            &[
+                prog("softirq_exit", "raw_tp softirq_exit", 1, 30_000),
+                prog("softirq_entry", "raw_tp softirq_entry", 1, 20_000),
+                prog("napi_poll", "raw_tp napi_poll", 1, 10_000),
+                prog("kentry_0", "f", 1, 1_000),
+            ],
+            None,
+        );
+        let a = added(&c, 10, 100.0).unwrap();
+        let d = plan_drops(&c, &a, 0.5);
+        assert_eq!(d[0].programs, ["softirq_exit"]);
+        assert!(d[0].lost.contains("still counted"), "{d:?}");
+        assert_eq!(d[1].programs, ["softirq_entry"], "its end is gone already");
+        assert_eq!(d[2].programs, ["napi_poll"]);
+        assert!(d[2].lost.contains("everything it feeds"));
+        assert_eq!(d.len(), 3, "kentry_0 is the cheapest: kept");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Start-up calibration: what each attach mechanism costs on this kernel, per hit.
 //!
 //! For each mechanism (kprobe, kretprobe, raw tracepoint, fentry) an empty program of the eBPF
-//! object (`rdma-trace-ebpf/src/calibrate.rs`) is attached to the getppid path
-//! (`__x64_sys_getppid`, or the `sys_enter` raw tracepoint), and this thread calls getppid
+//! object (`rdma-trace-ebpf/src/calibrate.rs`) is attached to the umask path
+//! (`__x64_sys_umask`, or the `sys_enter` raw tracepoint), and this thread calls umask
 //! [`CALLS`] times. The loop is timed with and without the probe (the best of [`REPS`] each,
 //! alternated); the difference per call is the mechanism's cost, its empty body included. The
 //! BPF run-time statistics of the empty program give the body's own time, so that
@@ -16,19 +16,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
-    Btf, Ebpf, EbpfLoader,
+    Btf, Ebpf,
     programs::{FEntry, KProbe, RawTracePoint},
 };
 use serde::Serialize;
 
-use crate::bpf::{OBJECT, chain};
+use crate::bpf::chain;
 
-/// getppid calls per timed loop.
+/// umask calls per timed loop.
 pub const CALLS: u32 = 2000;
 /// Timed loops per configuration (the fastest counts: noise only adds time).
 pub const REPS: usize = 3;
-/// The kernel function getppid goes through on x86_64.
-const FUNCTION: &str = "__x64_sys_getppid";
+/// The kernel function umask goes through on x86_64 (in kallsyms and in the BTF of the
+/// Debian kernels, so fentry can attach to it too; getppid's is not in their BTF).
+const FUNCTION: &str = "__x64_sys_umask";
 
 /// What one mechanism costs per hit, or why it could not be measured.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -41,6 +42,8 @@ pub struct MechanismCost {
     pub empty_body_ns: Option<f64>,
     /// Why it is missing.
     pub unavailable: Option<String>,
+    /// Loading, attaching and detaching the empty program, ms.
+    pub setup_ms: f64,
 }
 
 impl MechanismCost {
@@ -55,7 +58,7 @@ impl MechanismCost {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Calibration {
     pub mechanisms: Vec<MechanismCost>,
-    /// ns of one getppid without any probe.
+    /// ns of one umask call without any probe.
     pub baseline_ns_per_call: f64,
     pub took_ms: f64,
 }
@@ -68,12 +71,15 @@ impl Calibration {
     /// One line per mechanism, for the report.
     pub fn render(&self) -> String {
         let mut out = format!(
-            "calibration ({:.0} ms; getppid alone {:.0} ns): per hit",
+            "calibration ({:.0} ms; umask alone {:.0} ns): per hit",
             self.took_ms, self.baseline_ns_per_call
         );
         for m in &self.mechanisms {
             match (m.ns_per_hit, &m.unavailable) {
-                (Some(ns), _) => out.push_str(&format!(" {} {ns:.0} ns,", m.mechanism)),
+                (Some(ns), _) => out.push_str(&format!(
+                    " {} {ns:.0} ns ({:.0} ms to set up),",
+                    m.mechanism, m.setup_ms
+                )),
                 (None, Some(why)) => out.push_str(&format!(
                     " {} unavailable ({}),",
                     m.mechanism,
@@ -87,18 +93,31 @@ impl Calibration {
     }
 }
 
-fn getppid_loop(n: u32) -> Duration {
+/// `n` umask calls that set the mask it already has (nothing changes), timed.
+fn syscall_loop(n: u32) -> Duration {
+    let mask = current_umask();
     let t = Instant::now();
     for _ in 0..n {
-        // SAFETY: getppid takes no arguments and cannot fail.
-        std::hint::black_box(unsafe { libc::syscall(libc::SYS_getppid) });
+        // SAFETY: as above; the mask stays what it was.
+        std::hint::black_box(unsafe { libc::umask(std::hint::black_box(mask)) });
     }
     t.elapsed()
 }
 
+/// The process's umask, from /proc (umask(2) cannot read it without setting it).
+fn current_umask() -> libc::mode_t {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let v = s.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+            libc::mode_t::from_str_radix(v.trim(), 8).ok()
+        })
+        .unwrap_or(0o022)
+}
+
 /// Best of `REPS` timed loops.
 fn best(n: u32) -> Duration {
-    (0..REPS).map(|_| getppid_loop(n)).min().unwrap_or_default()
+    (0..REPS).map(|_| syscall_loop(n)).min().unwrap_or_default()
 }
 
 /// Run time per run of program `name` (BPF statistics), if it ran.
@@ -108,15 +127,15 @@ fn body_ns(ebpf: &Ebpf, name: &str) -> Option<f64> {
     (runs > 0).then(|| info.run_time().as_nanos() as f64 / runs as f64)
 }
 
-/// Measures every mechanism. Needs the privileges of a tracing session (root), and the BPF
-/// run-time statistics on for the empty-body figures (the session turns them on first).
-pub fn run() -> Result<Calibration> {
+/// Measures every mechanism with the empty programs of `ebpf` (a session's object: loading
+/// it again would cost more than the whole calibration). Needs the BPF run-time statistics on
+/// for the empty-body figures (the session turns them on). fentry is measured only when
+/// `with_fentry` (the session attached some fentry programs): reading the kernel's BTF for it
+/// takes longer than all the rest together.
+pub fn run(ebpf: &mut Ebpf, with_fentry: bool) -> Calibration {
     let started = Instant::now();
-    let mut ebpf = EbpfLoader::new()
-        .load(OBJECT)
-        .map_err(|e| anyhow!("loading the eBPF object for calibration: {}", chain(&e)))?;
     // Warm up (page faults, caches), then the reference loop.
-    getppid_loop(CALLS / 4);
+    syscall_loop(CALLS / 4);
     let baseline = best(CALLS);
     let mut mechanisms = Vec::new();
     let mut btf: Option<Btf> = None;
@@ -126,12 +145,20 @@ pub fn run() -> Result<Calibration> {
         ("raw_tp", "cal_raw_tp"),
         ("fentry", "cal_fentry"),
     ] {
-        let attached = attach(&mut ebpf, mechanism, prog, &mut btf);
+        let t0 = Instant::now();
+        let attached = if mechanism == "fentry" && !with_fentry {
+            Err(anyhow!("not measured: no fentry program in this session"))
+        } else {
+            attach(ebpf, mechanism, prog, &mut btf)
+        };
+        let mut setup = t0.elapsed();
         let cost = match attached {
             Ok(()) => {
                 let with = best(CALLS);
-                let empty_body_ns = body_ns(&ebpf, prog);
-                unload(&mut ebpf, prog);
+                let empty_body_ns = body_ns(ebpf, prog);
+                let t1 = Instant::now();
+                unload(ebpf, prog);
+                setup += t1.elapsed();
                 // The reference again, right after: drift of the machine hits both alike.
                 let without_now = best(CALLS);
                 let reference = baseline.min(without_now);
@@ -141,6 +168,7 @@ pub fn run() -> Result<Calibration> {
                     ns_per_hit: Some(extra),
                     empty_body_ns,
                     unavailable: None,
+                    setup_ms: setup.as_secs_f64() * 1e3,
                 }
             }
             Err(e) => MechanismCost {
@@ -148,15 +176,16 @@ pub fn run() -> Result<Calibration> {
                 ns_per_hit: None,
                 empty_body_ns: None,
                 unavailable: Some(format!("{e:#}")),
+                setup_ms: setup.as_secs_f64() * 1e3,
             },
         };
         mechanisms.push(cost);
     }
-    Ok(Calibration {
+    Calibration {
         mechanisms,
         baseline_ns_per_call: baseline.as_nanos() as f64 / f64::from(CALLS),
         took_ms: started.elapsed().as_secs_f64() * 1e3,
-    })
+    }
 }
 
 fn attach(ebpf: &mut Ebpf, mechanism: &str, prog: &str, btf: &mut Option<Btf>) -> Result<()> {
@@ -222,18 +251,21 @@ mod tests {
                     ns_per_hit: Some(500.0),
                     empty_body_ns: Some(40.0),
                     unavailable: None,
+                    setup_ms: 3.0,
                 },
                 MechanismCost {
                     mechanism: "fentry",
                     ns_per_hit: None,
                     empty_body_ns: None,
                     unavailable: Some("attaching cal_fentry: EPERM\nmore".into()),
+                    setup_ms: 1.0,
                 },
                 MechanismCost {
                     mechanism: "raw_tp",
                     ns_per_hit: Some(10.0),
                     empty_body_ns: Some(30.0),
                     unavailable: None,
+                    setup_ms: 2.0,
                 },
             ],
             baseline_ns_per_call: 120.0,
@@ -255,8 +287,8 @@ mod tests {
         let t = cal().render();
         assert_eq!(
             t,
-            "calibration (42 ms; getppid alone 120 ns): per hit kprobe 500 ns, fentry \
-             unavailable (attaching cal_fentry: EPERM), raw_tp 10 ns"
+            "calibration (42 ms; umask alone 120 ns): per hit kprobe 500 ns (3 ms to set \
+             up), fentry unavailable (attaching cal_fentry: EPERM), raw_tp 10 ns (2 ms to set up)"
         );
     }
 }

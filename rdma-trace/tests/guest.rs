@@ -13,6 +13,8 @@ use serde_json::Value;
 
 const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
 
+#[path = "guest/budget.rs"]
+mod budget;
 #[path = "guest/hardening.rs"]
 mod hardening;
 

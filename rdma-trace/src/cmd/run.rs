@@ -15,11 +15,11 @@ use tokio::io::AsyncReadExt as _;
 use crate::{
     bpf::ProbeData,
     budget::{self, Added, Dropped, Preset},
-    calibrate::{self, Calibration},
+    calibrate::Calibration,
     cmd::{Window, write_json},
     error::{DemoFailed, Unsupported},
     kernel::{Kernel, RdmaDevice},
-    overhead::{LoaderUsage, Overhead, ProgramStat, RunTimeStats},
+    overhead::{LoaderUsage, Overhead, ProgramStat},
     plan::Options,
     probes::PROBES,
     report::{ProbeReport, probe_reports, render},
@@ -135,17 +135,6 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let devices = softroce::usable(kernel.rdma_devices(), temp_rxe.as_ref());
     let (server, client) = pick_devices(&devices, args)?;
     let demo = demo_binary(args.demo.as_deref())?;
-    // Before any probe of the session: the calibration times a loop with one probe at a time.
-    let calibration = {
-        let _stats = RunTimeStats::enable();
-        match calibrate::run() {
-            Ok(c) => Some(c),
-            Err(e) => {
-                eprintln!("rdma-trace: no calibration of the attach mechanisms: {e:#}");
-                None
-            }
-        }
-    };
     let defs = args.probes.select(PROBES);
     let mut session = Session::start(
         &kernel,
@@ -155,6 +144,9 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             uprobes: args.uprobes,
         }),
     )?;
+    // The session's probes are on the RDMA path, softirqs and IRQs: the umask calls of the
+    // calibration hit none of them.
+    let calibration = Some(session.calibrate());
     if let Some(c) = &calibration {
         eprintln!("rdma-trace: {}", c.render());
     }
@@ -524,8 +516,8 @@ struct RunSource<'a> {
     budget: Budget<'a>,
     /// Programs dropped by --enforce in this phase.
     dropped: Vec<Dropped>,
-    /// --enforce has judged this phase.
-    enforced: bool,
+    /// The previous estimate's moment, round trips and program statistics.
+    last: Option<(Instant, u64, Vec<ProgramStat>)>,
     phase_at: Instant,
     label: String,
     iterations: u32,
@@ -554,7 +546,7 @@ impl<'a> RunSource<'a> {
             session,
             budget,
             dropped: Vec::new(),
-            enforced: false,
+            last: None,
             phase_at: Instant::now(),
             label,
             iterations,
@@ -579,19 +571,39 @@ impl<'a> RunSource<'a> {
         Some(posts / CQES_PER_ITERATION)
     }
 
-    /// The phase's estimate so far; with --enforce, the first time enough round trips are in,
-    /// drops the most expensive programs while it is over the budget.
+    /// What tracing adds per round trip, over the time since the previous refresh when it
+    /// holds enough round trips (the phase's start, with the demo's set-up, would skew the
+    /// round-trip time), else over the phase so far. With --enforce, while that is over the
+    /// budget, the most expensive programs are dropped.
     fn estimate(&mut self, phase: &HashMap<u32, ProbeData>) -> Option<Added> {
         let round_trips = self.round_trips(phase)?;
-        if round_trips == 0 {
+        let (stats, how) = self.session.program_stats();
+        let how = how.to_owned();
+        let now = Instant::now();
+        let (since, rt0, before) = match self.last.take() {
+            Some((t, rt, st)) if round_trips.saturating_sub(rt) >= ENFORCE_AFTER_ROUND_TRIPS => {
+                (t, rt, st)
+            }
+            last => {
+                let phase_start = (self.phase_at, 0, self.stats_before.clone());
+                // Keep the older mark: the next window grows until it is long enough.
+                self.last = last;
+                phase_start
+            }
+        };
+        if self.last.is_none() {
+            self.last = Some((now, round_trips, stats.clone()));
+        }
+        let n = round_trips.saturating_sub(rt0);
+        if n == 0 {
             return None;
         }
-        let o = self.overhead().ok()?;
-        let rtt_us = self.phase_at.elapsed().as_secs_f64() * 1e6 / round_trips as f64;
+        let u = LoaderUsage::now();
+        let o = Overhead::between(&how, &before, &stats, u, u);
+        let rtt_us = now.saturating_duration_since(since).as_secs_f64() * 1e6 / n as f64;
         let costs = budget::costs(&o.programs, self.budget.calibration);
-        let added = budget::added(&costs, round_trips, rtt_us)?;
-        if self.budget.enforce && !self.enforced && round_trips >= ENFORCE_AFTER_ROUND_TRIPS {
-            self.enforced = true;
+        let added = budget::added(&costs, n, rtt_us)?;
+        if self.budget.enforce && n >= ENFORCE_AFTER_ROUND_TRIPS {
             let drops = budget::plan_drops(&costs, &added, self.budget.percent);
             if !drops.is_empty() {
                 let names: Vec<String> = drops
@@ -599,7 +611,9 @@ impl<'a> RunSource<'a> {
                     .flat_map(|d| d.programs.iter().cloned())
                     .collect();
                 self.session.drop_programs(&names);
-                self.dropped = drops;
+                self.dropped.extend(drops);
+                // The next window starts after the drop.
+                self.last = Some((Instant::now(), round_trips, self.session.program_stats().0));
             }
         }
         Some(added)
