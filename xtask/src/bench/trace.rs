@@ -264,6 +264,34 @@ fn normal_kind(kind: &str) -> &str {
     }
 }
 
+/// rdma-trace's own estimate of what tracing adds per round trip (µs), per mode, from the
+/// `tracing adds ≈ X per round trip` line of each mode's final report.
+fn estimates(report: &str) -> BTreeMap<&'static str, f64> {
+    let mut out = BTreeMap::new();
+    for (mode, header) in [("poll", "===== mode Poll"), ("event", "===== mode Event")] {
+        let Some(at) = report.find(header) else {
+            continue;
+        };
+        let line = report[at..]
+            .lines()
+            .find_map(|l| l.split("tracing adds ≈ ").nth(1));
+        let Some(line) = line else { continue };
+        let mut words = line.split_whitespace();
+        let (Some(v), Some(unit)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let Ok(v) = v.parse::<f64>() else { continue };
+        let us = match unit {
+            "ns" => v / 1e3,
+            "µs" => v,
+            "ms" => v * 1e3,
+            _ => continue,
+        };
+        out.insert(mode, us);
+    }
+    out
+}
+
 /// The figures of one tracer session (B, C or D) of one round.
 #[derive(Default)]
 struct Session {
@@ -274,6 +302,8 @@ struct Session {
     bpf_ns_per_iter: BTreeMap<&'static str, f64>,
     /// At the end: per attach point (runs, ns).
     points: BTreeMap<String, (u64, u64)>,
+    /// rdma-trace's estimate of what it adds per round trip, µs, per mode.
+    estimate_us: BTreeMap<&'static str, f64>,
 }
 
 fn session(dir: &Path, round: u32, v: &str, clk_tck: f64) -> Session {
@@ -315,6 +345,11 @@ fn session(dir: &Path, round: u32, v: &str, clk_tck: f64) -> Session {
         );
     }
     out.points = event;
+    if v == "B" {
+        out.estimate_us = fs::read_to_string(dir.join(p(".out")))
+            .map(|t| estimates(&t))
+            .unwrap_or_default();
+    }
     out
 }
 
@@ -434,6 +469,43 @@ fn report(dir: &Path, rounds: u32) -> Section {
         ],
         &rows,
     ));
+
+    // rdma-trace's estimate of what it adds, next to what it adds as measured (B − A).
+    md.push_str(
+        "\n#### rdma-trace's own estimate of what it adds, next to the measured difference\n\n",
+    );
+    let mut rows = Vec::new();
+    for m in MODES {
+        let est = per_round("B", &|s: &Session| s.estimate_us.get(m).copied());
+        // The demo reports its round trip; B − A per round, in µs.
+        let measured: Vec<Option<f64>> = lat[&(m, "B")]
+            .iter()
+            .zip(&lat[&(m, "A")])
+            .map(|(b, a)| Some((*b)? - (*a)?))
+            .collect();
+        let flat = |v: &[Option<f64>]| v.iter().flatten().copied().collect::<Vec<_>>();
+        rows.push(vec![
+            m.to_owned(),
+            stats::with_ci(stats::median_ci(&flat(&est)), 1),
+            stats::with_ci(stats::median_ci(&flat(&measured)), 1),
+            stats::with_ci(ratio(&est, &measured), 2),
+        ]);
+    }
+    md.push_str(&table(
+        &[
+            "mode",
+            "estimate, µs per round trip [95 % CI]",
+            "measured B − A, µs [95 % CI]",
+            "estimate / measured [95 % CI]",
+        ],
+        &rows,
+    ));
+    md.push_str(
+        "\nThe estimate is what `rdma-trace run` prints (\"tracing adds ≈ … per round trip\"): \
+         the BPF run time of its programs plus, per run, each attach mechanism's cost as its \
+         start-up calibration measured it, over the demo's round trips. The measured figure is \
+         the difference of the demo's median round trip under rdma-trace and alone.\n",
+    );
 
     // Table 2: BPF time.
     md.push_str("\n### BPF time (kernel run-time statistics, `bpftool prog show`)\n\n");
@@ -681,6 +753,17 @@ mod tests {
             Some("kretprobe rxe_cq_post")
         );
         assert_eq!(kernel_function_point("softirq_entry", &f), None);
+    }
+
+    #[test]
+    fn estimates_per_mode_from_the_report() {
+        let t = "live\n  tracing adds ≈ 9.0 µs per round trip (1.0 % of 900 µs)\n\
+                 ===== mode Poll: 150 iterations =====\n  tracing adds ≈ 850 ns per round trip (0.8 % of 100.0 µs)\n\
+                 ===== mode Event: 150 iterations =====\nx\n  tracing adds ≈ 12.50 µs per round trip (2 % of 600 µs)\n";
+        let e = estimates(t);
+        assert_eq!(e.get("poll"), Some(&0.85));
+        assert_eq!(e.get("event"), Some(&12.5));
+        assert!(estimates("no report").is_empty());
     }
 
     #[test]
