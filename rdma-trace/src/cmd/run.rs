@@ -575,10 +575,13 @@ impl<'a> RunSource<'a> {
     /// holds enough round trips (the phase's start, with the demo's set-up, would skew the
     /// round-trip time), else over the phase so far. With --enforce, while that is over the
     /// budget, the most expensive programs are dropped.
-    fn estimate(&mut self, phase: &HashMap<u32, ProbeData>) -> Option<Added> {
+    fn estimate(
+        &mut self,
+        phase: &HashMap<u32, ProbeData>,
+        stats: &[ProgramStat],
+        how: &str,
+    ) -> Option<Added> {
         let round_trips = self.round_trips(phase)?;
-        let (stats, how) = self.session.program_stats();
-        let how = how.to_owned();
         let now = Instant::now();
         let (since, rt0, before) = match self.last.take() {
             Some((t, rt, st)) if round_trips.saturating_sub(rt) >= ENFORCE_AFTER_ROUND_TRIPS => {
@@ -592,14 +595,14 @@ impl<'a> RunSource<'a> {
             }
         };
         if self.last.is_none() {
-            self.last = Some((now, round_trips, stats.clone()));
+            self.last = Some((now, round_trips, stats.to_vec()));
         }
         let n = round_trips.saturating_sub(rt0);
         if n == 0 {
             return None;
         }
         let u = LoaderUsage::now();
-        let o = Overhead::between(&how, &before, &stats, u, u);
+        let o = Overhead::between(how, &before, stats, u, u);
         let rtt_us = now.saturating_duration_since(since).as_secs_f64() * 1e6 / n as f64;
         let costs = budget::costs(&o.programs, self.budget.calibration);
         let added = budget::added(&costs, n, rtt_us)?;
@@ -645,15 +648,17 @@ impl Source for RunSource<'_> {
             self.baseline_at.elapsed().as_secs_f64(),
         );
         let phase = delta(&now, &self.phase_before);
-        let added = self.estimate(&phase);
+        // One read of the program statistics per refresh, for the estimate and the footer.
+        let (stats, how) = self.session.program_stats();
+        let how = how.to_owned();
+        let added = self.estimate(&phase, &stats, &how);
         let cq_posts = probes
             .iter()
             .position(|p| p.name == "rxe_cq_post" && p.skipped.is_none())
             .and_then(|i| phase.get(&self.session.plan.probes[i].id))
             .map(|d| d.counters[rdma_trace_common::C_EVENTS as usize]);
-        let (stats, how) = self.session.program_stats();
         let mut overhead = Overhead::between(
-            how,
+            &how,
             &self.view_stats,
             &stats,
             self.view_usage,
