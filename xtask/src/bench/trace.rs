@@ -150,16 +150,16 @@ fn live_view_run(round: u32) -> String {
     let p = format!("$R/r{round}-T");
     format!(
         "if command -v tmux >/dev/null; then\n\
-         tmux new-session -d -s bench -x 160 -y 48 \"TERM=xterm-256color rdma-trace run --mode event \
+         tmux -L rdma-bench new-session -d -s bench -x 160 -y 48 \"TERM=xterm-256color rdma-trace run --mode event \
          -i {ITERATIONS} -S {SIZE} --json {p}.json 2> {p}.err; echo \\$? > {p}.rc\"\n\
          seen=0\n\
          for i in $(seq 2400); do\n\
          if demo_running; then seen=1; elif [ $seen = 1 ]; then break; fi\n\
          [ -f {p}.rc ] && break; sleep 0.25\n\
          done\n\
-         sleep 0.5; tmux send-keys -t bench q\n\
+         sleep 0.5; tmux -L rdma-bench send-keys -t bench q\n\
          for i in $(seq 100); do [ -f {p}.rc ] && break; sleep 0.1; done\n\
-         tmux kill-server 2>/dev/null\n\
+         tmux -L rdma-bench kill-server 2>/dev/null\n\
          echo \"{round},T,$(cat {p}.rc 2>/dev/null || echo none)\" >> $R/runs.csv\n\
          else echo 'no tmux in the guest: the live view is not measured'; fi"
     )
@@ -863,7 +863,11 @@ mod tests {
         assert_eq!(s.matches("rdma-trace run --no-tui --mode both").count(), 2);
         assert_eq!(s.matches("bpftrace bench/equivalent.bt").count(), 2);
         assert_eq!(s.matches("bpftrace bench/empty.bt").count(), 2);
-        assert_eq!(s.matches("tmux new-session -d -s bench").count(), 2);
+        assert_eq!(
+            s.matches("tmux -L rdma-bench new-session -d -s bench")
+                .count(),
+            2
+        );
         assert!(s.contains("--json $R/r2-T.json"));
         assert!(!s.contains("{{") && !s.contains("\\\\$?"), "plain bash");
         // A, C and D run the demo as rdma-trace does: 3 variants x 2 modes x 2 rounds.
