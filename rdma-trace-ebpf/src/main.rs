@@ -21,6 +21,7 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
+mod calibrate;
 mod cq;
 mod rare;
 

@@ -439,28 +439,60 @@ impl Bpf {
         }
     }
 
-    /// Counters and histograms of probes `ids`, summed over CPUs: one map lookup per probe.
+    /// Detach and unload the programs named (the overhead budget's `--enforce`); the maps and
+    /// the other programs stay.
+    pub fn drop_programs(&mut self, names: &[String]) {
+        use aya::programs::Program;
+        for name in names {
+            if let Some(p) = self.ebpf.program_mut(name) {
+                let _ = match p {
+                    Program::KProbe(p) => p.unload(),
+                    Program::UProbe(p) => p.unload(),
+                    Program::RawTracePoint(p) => p.unload(),
+                    Program::FEntry(p) => p.unload(),
+                    Program::FExit(p) => p.unload(),
+                    _ => Ok(()),
+                };
+            }
+            self.detached(name);
+        }
+    }
+
+    /// Counters and histograms of probes `ids`, summed over CPUs: the whole map in one batched
+    /// lookup (one syscall per refresh, whatever the probe count; `crate::batch`), else one
+    /// lookup per probe on kernels without batched lookups (before 5.6).
     pub fn read(&self, ids: &[u32]) -> Result<HashMap<u32, ProbeData>> {
+        if let Some(out) = self.read_batched(ids) {
+            return Ok(out);
+        }
         let rows = self.rows()?;
         let mut out = HashMap::new();
         for &id in ids.iter().filter(|&&id| id < MAX_PROBES) {
             let per_cpu = rows
                 .get(&id, 0)
                 .map_err(|e| anyhow!("reading probe {id}: {}", chain(&e)))?;
-            let mut data = ProbeData::default();
-            let mut slots = vec![0u64; HIST_SLOTS as usize];
-            for row in per_cpu.iter() {
-                for (sum, v) in data.counters.iter_mut().zip(row.counters) {
-                    *sum += v;
-                }
-                for (sum, v) in slots.iter_mut().zip(row.slots) {
-                    *sum += v;
-                }
-            }
-            data.hist = Histogram::from_slots(slots);
-            out.insert(id, data);
+            out.insert(id, sum_cpus(per_cpu.iter()));
         }
         Ok(out)
+    }
+
+    /// `read` with BPF_MAP_LOOKUP_BATCH; `None` when the kernel refuses it.
+    fn read_batched(&self, ids: &[u32]) -> Option<HashMap<u32, ProbeData>> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        let aya::maps::Map::PerCpuArray(data) = self.ebpf.map("ROWS")? else {
+            return None;
+        };
+        let cpus = aya::util::nr_cpus().ok()?;
+        let rows = crate::batch::lookup_rows(data.fd().as_fd().as_raw_fd(), MAX_PROBES, cpus)?;
+        Some(
+            ids.iter()
+                .filter(|&&id| id < MAX_PROBES)
+                .map(|&id| {
+                    let per_cpu = &rows[id as usize * cpus..(id as usize + 1) * cpus];
+                    (id, sum_cpus(per_cpu.iter()))
+                })
+                .collect(),
+        )
     }
 
     /// Events (C_EVENTS) of probes `ids`, per CPU (index = CPU number).
@@ -487,6 +519,22 @@ impl Bpf {
             .context("map ROWS is not in the eBPF object")?;
         PerCpuArray::try_from(m).context("map ROWS is not a per-CPU array of probe rows")
     }
+}
+
+/// One probe's row summed over CPUs.
+fn sum_cpus<'a>(per_cpu: impl Iterator<Item = &'a ProbeRow>) -> ProbeData {
+    let mut data = ProbeData::default();
+    let mut slots = vec![0u64; HIST_SLOTS as usize];
+    for row in per_cpu {
+        for (sum, v) in data.counters.iter_mut().zip(row.counters) {
+            *sum += v;
+        }
+        for (sum, v) in slots.iter_mut().zip(row.slots) {
+            *sum += v;
+        }
+    }
+    data.hist = Histogram::from_slots(slots);
+    data
 }
 
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones use memcg and ignore it.

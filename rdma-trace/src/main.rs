@@ -1,6 +1,9 @@
 //! rdma-trace: latency histograms of the Linux RDMA completion path, with eBPF.
 
+mod batch;
 mod bpf;
+mod budget;
+mod calibrate;
 mod cmd;
 mod ebpf_log;
 mod elf;

@@ -139,6 +139,8 @@ pub struct Overhead {
     pub loader_cpu_percent: f64,
     /// The loader's peak resident set size.
     pub loader_peak_rss_kib: u64,
+    /// What tracing adds to one round trip (`rdma-trace run` sets it; null when unknown).
+    pub tracing_adds: Option<crate::budget::Added>,
 }
 
 impl Overhead {
@@ -179,6 +181,7 @@ impl Overhead {
             bpf_cpu_percent: pct(bpf_ns as f64),
             loader_cpu_percent: pct(u1.cpu.saturating_sub(u0.cpu).as_nanos() as f64),
             loader_peak_rss_kib: u1.peak_rss_kib,
+            tracing_adds: None,
             programs,
         }
     }
@@ -189,6 +192,9 @@ impl Overhead {
             "overhead: eBPF {:.2} % of a CPU, loader {:.2} % CPU, peak RSS {} KiB (BPF stats: {})\n",
             self.bpf_cpu_percent, self.loader_cpu_percent, self.loader_peak_rss_kib, self.stats
         );
+        if let Some(a) = &self.tracing_adds {
+            out.push_str(&format!("  {}\n", a.render()));
+        }
         out.push_str(&format!(
             "  {:<18} {:<28} {:>10} {:>10}\n",
             "program", "attached to", "runs", "ns/run"

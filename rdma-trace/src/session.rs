@@ -85,6 +85,19 @@ impl Session {
         (self.bpf.program_stats(), self.bpf.stats_how())
     }
 
+    /// What each attach mechanism costs per hit, measured with the object's empty programs.
+    pub fn calibrate(&mut self) -> crate::calibrate::Calibration {
+        let fentry = self
+            .outcomes
+            .contains(&Outcome::Attached(crate::probes::Method::Fentry));
+        crate::calibrate::run(self.bpf.ebpf_mut(), fentry)
+    }
+
+    /// Detach the programs named, keeping the rest (`--overhead-budget ... --enforce`).
+    pub fn drop_programs(&mut self, names: &[String]) {
+        self.bpf.drop_programs(names);
+    }
+
     /// Events of every attached probe, per CPU.
     pub fn events_per_cpu(&self) -> Result<HashMap<u32, Vec<u64>>> {
         self.bpf.events_per_cpu(&self.attached_ids())

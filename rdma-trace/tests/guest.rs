@@ -15,6 +15,8 @@ const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
 
 mod guest_drivers;
 mod guest_ebpf_log;
+#[path = "guest/budget.rs"]
+mod budget;
 #[path = "guest/hardening.rs"]
 mod hardening;
 

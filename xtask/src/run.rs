@@ -1,5 +1,5 @@
-//! `cargo xtask run [--kernel K] [--release] [-- ARGS]`: the main job. Builds everything (the
-//! eBPF object, then the workspace), then runs `rdma-trace run --mode event ARGS`:
+//! `cargo xtask run [--kernel K] [--debug] [-- ARGS]`: the main job. Builds everything (the
+//! eBPF object, then the workspace; release profile unless `--debug`), then runs `rdma-trace run --mode event ARGS`:
 //! - natively where this machine has an RDMA device (the live view is on this terminal);
 //! - otherwise in the Soft-RoCE guest (`cargo xtask vm`). On a terminal, the guest's serial
 //!   console is connected to it (keys in, screen bytes out, the window's size and TERM passed
@@ -31,9 +31,10 @@ pub struct Args {
     /// Run in the guest even if this machine has RDMA.
     #[arg(long)]
     guest: bool,
-    /// Build and run the release profile.
+    /// Build and run the debug profile (quicker to build; its loader costs far more CPU than
+    /// the release build's, which is the default).
     #[arg(long)]
-    release: bool,
+    debug: bool,
     /// Kill the guest after this many seconds.
     #[arg(long, default_value_t = 900, value_name = "SECS")]
     timeout: u64,
@@ -47,18 +48,17 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<i32> {
-    build_ebpf::run(&build_ebpf::Args {
-        release: args.release,
-    })?;
+    let release = !args.debug;
+    build_ebpf::run(&build_ebpf::Args { release })?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(cargo);
     build.arg("build").current_dir(root());
-    if args.release {
+    if release {
         build.arg("--release");
     }
     run_cmd(&mut build)?;
 
-    let profile = if args.release { "release" } else { "debug" };
+    let profile = if release { "release" } else { "debug" };
     let mut cmd = vec!["rdma-trace".to_owned(), "run".to_owned()];
     if !args
         .args

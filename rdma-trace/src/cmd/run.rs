@@ -14,6 +14,8 @@ use tokio::io::AsyncReadExt as _;
 
 use crate::{
     bpf::ProbeData,
+    budget::{self, Added, Dropped, Preset},
+    calibrate::Calibration,
     cmd::{Window, write_json},
     error::{DemoFailed, Unsupported},
     kernel::{Kernel, RdmaDevice},
@@ -79,6 +81,18 @@ pub struct Args {
     /// The rdma-demo binary [default: next to rdma-trace, else on PATH].
     #[arg(long, value_name = "PATH")]
     pub demo: Option<PathBuf>,
+    /// What tracing may add to a round trip, in % of it: over it, the report names the
+    /// programs that cost the most (and --enforce drops them).
+    #[arg(long, value_name = "PCT", default_value_t = 5.0, value_parser = budget::parse_percent)]
+    pub overhead_budget: f64,
+    /// Over the budget, detach the most expensive programs (once the first round trips have
+    /// been measured) until the estimate is within it, and say which.
+    #[arg(long)]
+    pub enforce: bool,
+    /// Which probes to attach: minimal (one per stage), default, full (with uprobes and
+    /// every driver's rows).
+    #[arg(long, value_enum, default_value_t = Preset::Default)]
+    pub probes: Preset,
 }
 
 /// `$TMPDIR/rdma-trace-XXXXXX`: where the demo writes its JSON.
@@ -91,6 +105,9 @@ struct Report {
     client_device: String,
     iterations: u32,
     size: u32,
+    /// Per-hit cost of each attach mechanism, measured at start.
+    calibration: Option<Calibration>,
+    overhead_budget_percent: f64,
     phases: Vec<Phase>,
 }
 
@@ -103,6 +120,8 @@ struct Phase {
     probes: Vec<ProbeReport>,
     /// What tracing cost during this phase.
     overhead: Overhead,
+    /// Programs `--enforce` detached (during this phase).
+    dropped: Vec<Dropped>,
 }
 
 /// A failing demo is an error (`DemoFailed`, exit 5), a stop signal too (`Stopped`).
@@ -126,18 +145,30 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let devices = softroce::usable(kernel.rdma_devices(), temp_rxe.as_ref());
     let (server, client) = pick_devices(&devices, args)?;
     let demo = demo_binary(args.demo.as_deref())?;
-    let session = Session::start(
+    let defs = args.probes.select(PROBES);
+    let mut session = Session::start(
         &kernel,
-        PROBES,
-        Options {
+        &defs,
+        args.probes.options(Options {
             all_drivers: args.all_drivers,
             uprobes: args.uprobes,
-        },
+        }),
     )?;
+    // The session's probes are on the RDMA path, softirqs and IRQs: the umask calls of the
+    // calibration hit none of them.
+    let calibration = Some(session.calibrate());
+    if let Some(c) = &calibration {
+        eprintln!("rdma-trace: {}", c.render());
+    }
     eprintln!(
         "rdma-trace: server {server}, client {client}; probes:\n{}",
         session.attach_table()
     );
+    let budget = Budget {
+        percent: args.overhead_budget,
+        enforce: args.enforce,
+        calibration: calibration.as_ref(),
+    };
 
     let modes: &[Mode] = match args.mode {
         Mode::Both => &[Mode::Poll, Mode::Event],
@@ -159,22 +190,36 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let mut quit = false;
     for &mode in modes {
         let mut src = RunSource::new(
-            &session,
+            &mut session,
             format!("{mode:?} mode, {server} ↔ {client}"),
             args.iterations,
+            budget,
         )?;
         let (window, demo_json, demo_out) =
             run_demo(&demo, mode, &server, &client, args, &mut live, &mut src).await?;
-        let after = session.snapshot()?;
+        let after = src.session.snapshot()?;
         let data = delta(&after, &src.phase_before);
-        let probes = probe_reports(&session, &data, window.seconds);
-        let overhead = src.overhead()?;
+        let probes = probe_reports(src.session, &data, window.seconds);
+        let mut overhead = src.overhead()?;
+        // A demo that ran to its end did all its iterations; a stopped one as many as rxe
+        // completed.
+        let round_trips = if window.command_status == Some(0) {
+            u64::from(args.iterations)
+        } else {
+            src.round_trips(&data).unwrap_or(u64::from(args.iterations))
+        };
+        let rtt_us = demo_round_trip_us(&demo_json)
+            .unwrap_or(window.seconds * 1e6 / round_trips.max(1) as f64);
+        overhead.tracing_adds = budget.added(&overhead, round_trips, rtt_us);
+        let dropped = std::mem::take(&mut src.dropped);
+        drop(src);
         let text = format!(
-            "===== mode {mode:?}: {} iterations of {} B, {server} ↔ {client} =====\n{}\n{}\n--- rdma-demo ---\n{}\n",
+            "===== mode {mode:?}: {} iterations of {} B, {server} ↔ {client} =====\n{}\n{}{}\n--- rdma-demo ---\n{}\n",
             args.iterations,
             args.size,
             render(&probes),
             overhead.render(),
+            budget.verdict(overhead.tracing_adds.as_ref(), &dropped),
             if window.ended_by == "duration" {
                 format!(
                     "stopped after --duration ({:.1} s), before its {} iterations were done",
@@ -196,6 +241,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             demo: demo_json,
             probes,
             overhead,
+            dropped,
         });
         if window.ended_by == "quit" {
             quit = true;
@@ -245,6 +291,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             client_device: client,
             iterations: args.iterations,
             size: args.size,
+            calibration,
+            overhead_budget_percent: args.overhead_budget,
             phases,
         };
         write_json(path, &report)?;
@@ -412,9 +460,75 @@ async fn run_demo(
     Ok((window, value, out))
 }
 
+/// The overhead budget of a run.
+#[derive(Clone, Copy)]
+struct Budget<'a> {
+    percent: f64,
+    enforce: bool,
+    calibration: Option<&'a Calibration>,
+}
+
+impl Budget<'_> {
+    fn added(&self, o: &Overhead, round_trips: u64, rtt_us: f64) -> Option<Added> {
+        budget::added(
+            &budget::costs(&o.programs, self.calibration),
+            round_trips,
+            rtt_us,
+        )
+    }
+
+    /// The report's lines about the budget.
+    fn verdict(&self, added: Option<&Added>, dropped: &[Dropped]) -> String {
+        let mut out = String::new();
+        if !dropped.is_empty() {
+            out.push_str(&budget::render_drops(dropped, self.percent));
+            out.push_str("  (the estimate above counts what is left after the drop)\n");
+        }
+        match added {
+            Some(a) if a.percent > self.percent && !self.enforce => out.push_str(&format!(
+                "  over the {} % overhead budget: --enforce would drop the most expensive programs\n",
+                self.percent
+            )),
+            Some(a) if a.percent > self.percent => out.push_str(&format!(
+                "  still over the {} % overhead budget\n",
+                self.percent
+            )),
+            Some(_) => out.push_str(&format!(
+                "  within the {} % overhead budget\n",
+                self.percent
+            )),
+            None => {}
+        }
+        out
+    }
+}
+
+/// The demo's mean round trip (µs), from its `--json` results.
+fn demo_round_trip_us(demo: &serde_json::Value) -> Option<f64> {
+    let client = demo
+        .get("reports")?
+        .as_array()?
+        .iter()
+        .find(|r| r.get("role").and_then(|v| v.as_str()) == Some("client"))?;
+    client
+        .get("totals")
+        .and_then(|t| t.get("avg_latency_us"))
+        .and_then(serde_json::Value::as_f64)
+        .filter(|v| *v > 0.0)
+}
+
+/// Round trips needed before `--enforce` judges the estimate.
+const ENFORCE_AFTER_ROUND_TRIPS: u64 = 20;
+
 /// Feeds the live view during one mode's run.
 struct RunSource<'a> {
-    session: &'a Session,
+    session: &'a mut Session,
+    budget: Budget<'a>,
+    /// Programs dropped by --enforce in this phase.
+    dropped: Vec<Dropped>,
+    /// The previous estimate's moment, round trips and program statistics.
+    last: Option<(Instant, u64, Vec<ProgramStat>)>,
+    phase_at: Instant,
     label: String,
     iterations: u32,
     /// At the start of the phase (the report and the progress count from here).
@@ -429,12 +543,21 @@ struct RunSource<'a> {
 }
 
 impl<'a> RunSource<'a> {
-    fn new(session: &'a Session, label: String, iterations: u32) -> Result<Self> {
+    fn new(
+        session: &'a mut Session,
+        label: String,
+        iterations: u32,
+        budget: Budget<'a>,
+    ) -> Result<Self> {
         let before = session.snapshot()?;
         let (stats, _) = session.program_stats();
         let usage = LoaderUsage::now();
         Ok(Self {
             session,
+            budget,
+            dropped: Vec::new(),
+            last: None,
+            phase_at: Instant::now(),
             label,
             iterations,
             baseline: before.clone(),
@@ -445,6 +568,68 @@ impl<'a> RunSource<'a> {
             view_usage: usage,
             baseline_at: Instant::now(),
         })
+    }
+
+    /// Round trips of the phase (rxe posts 4 completions per round trip), when rxe_cq_post
+    /// is attached.
+    fn round_trips(&self, phase: &HashMap<u32, ProbeData>) -> Option<u64> {
+        let reports = &self.session.plan.probes;
+        let i = reports.iter().position(|p| p.def.name == "rxe_cq_post")?;
+        let id = reports[i].id;
+        self.session.attached_ids().contains(&id).then_some(())?;
+        let posts = phase.get(&id)?.counters[rdma_trace_common::C_EVENTS as usize];
+        Some(posts / CQES_PER_ITERATION)
+    }
+
+    /// What tracing adds per round trip, over the time since the previous refresh when it
+    /// holds enough round trips (the phase's start, with the demo's set-up, would skew the
+    /// round-trip time), else over the phase so far. With --enforce, while that is over the
+    /// budget, the most expensive programs are dropped.
+    fn estimate(
+        &mut self,
+        phase: &HashMap<u32, ProbeData>,
+        stats: &[ProgramStat],
+        how: &str,
+    ) -> Option<Added> {
+        let round_trips = self.round_trips(phase)?;
+        let now = Instant::now();
+        let (since, rt0, before) = match self.last.take() {
+            Some((t, rt, st)) if round_trips.saturating_sub(rt) >= ENFORCE_AFTER_ROUND_TRIPS => {
+                (t, rt, st)
+            }
+            last => {
+                let phase_start = (self.phase_at, 0, self.stats_before.clone());
+                // Keep the older mark: the next window grows until it is long enough.
+                self.last = last;
+                phase_start
+            }
+        };
+        if self.last.is_none() {
+            self.last = Some((now, round_trips, stats.to_vec()));
+        }
+        let n = round_trips.saturating_sub(rt0);
+        if n == 0 {
+            return None;
+        }
+        let u = LoaderUsage::now();
+        let o = Overhead::between(how, &before, stats, u, u);
+        let rtt_us = now.saturating_duration_since(since).as_secs_f64() * 1e6 / n as f64;
+        let costs = budget::costs(&o.programs, self.budget.calibration);
+        let added = budget::added(&costs, n, rtt_us)?;
+        if self.budget.enforce && n >= ENFORCE_AFTER_ROUND_TRIPS {
+            let drops = budget::plan_drops(&costs, &added, self.budget.percent);
+            if !drops.is_empty() {
+                let names: Vec<String> = drops
+                    .iter()
+                    .flat_map(|d| d.programs.iter().cloned())
+                    .collect();
+                self.session.drop_programs(&names);
+                self.dropped.extend(drops);
+                // The next window starts after the drop.
+                self.last = Some((Instant::now(), round_trips, self.session.program_stats().0));
+            }
+        }
+        Some(added)
     }
 
     /// The phase's overhead so far.
@@ -473,19 +658,23 @@ impl Source for RunSource<'_> {
             self.baseline_at.elapsed().as_secs_f64(),
         );
         let phase = delta(&now, &self.phase_before);
+        // One read of the program statistics per refresh, for the estimate and the footer.
+        let (stats, how) = self.session.program_stats();
+        let how = how.to_owned();
+        let added = self.estimate(&phase, &stats, &how);
         let cq_posts = probes
             .iter()
             .position(|p| p.name == "rxe_cq_post" && p.skipped.is_none())
             .and_then(|i| phase.get(&self.session.plan.probes[i].id))
             .map(|d| d.counters[rdma_trace_common::C_EVENTS as usize]);
-        let (stats, how) = self.session.program_stats();
-        let overhead = Overhead::between(
-            how,
+        let mut overhead = Overhead::between(
+            &how,
             &self.view_stats,
             &stats,
             self.view_usage,
             LoaderUsage::now(),
         );
+        overhead.tracing_adds = added;
         Ok(Sample {
             probes,
             overhead: Some(overhead),
@@ -589,6 +778,9 @@ mod tests {
             all_drivers: false,
             uprobes: false,
             demo: None,
+            overhead_budget: 5.0,
+            enforce: false,
+            probes: Preset::Default,
         }
     }
 

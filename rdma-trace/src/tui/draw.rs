@@ -181,7 +181,10 @@ fn draw_footer(f: &mut Frame, area: Rect, app: &App) {
                     .unwrap_or_default(),
                 o.loader_cpu_percent,
                 o.loader_peak_rss_kib
-            )
+            ) + &o
+                .tracing_adds
+                .map(|a| format!("; {}", a.render()))
+                .unwrap_or_default()
         }
         None => "overhead: -".to_owned(),
     };

@@ -272,6 +272,9 @@ pub fn text_block(app: &App) -> String {
             "  overhead: eBPF {:.2} % CPU, loader {:.1} % CPU, RSS {} KiB\n",
             o.bpf_cpu_percent, o.loader_cpu_percent, o.loader_peak_rss_kib
         ));
+        if let Some(a) = &o.tracing_adds {
+            out.push_str(&format!("  {}\n", a.render()));
+        }
     }
     out
 }

@@ -14,7 +14,11 @@ use std::{fmt::Write as _, fs, path::Path, time::Duration};
 
 use anyhow::Result;
 
-use super::{Section, num, ratio, read_json, spread, table, verdict};
+use super::{
+    Section, num, read_json, spread,
+    stats::{self, Verdict},
+    table,
+};
 
 /// Goal: ours / C median ratio.
 const TARGET: f64 = 1.02;
@@ -270,17 +274,22 @@ pub fn run(rounds: u32) -> Result<Section> {
 fn report(dir: &Path, rounds: u32) -> Section {
     let mut table_rows = Vec::new();
     let mut missed = 0;
+    let mut undecided = 0;
     for row in rows() {
-        let collect = |run: &str, f: Extract| -> Vec<f64> {
+        let collect = |run: &str, f: Extract| -> Vec<Option<f64>> {
             (1..=rounds)
-                .filter_map(|r| f(dir, &format!("r{r}-{run}")))
+                .map(|r| f(dir, &format!("r{r}-{run}")))
                 .collect()
         };
-        let ours = spread(&collect(row.ours_run, row.ours));
-        let theirs = spread(&collect(row.c_run, row.c));
-        let rt = ratio(ours.map(|s| s.median), theirs.map(|s| s.median));
-        if rt.is_none_or(|r| r > TARGET) {
-            missed += 1;
+        let (ours_r, theirs_r) = (collect(row.ours_run, row.ours), collect(row.c_run, row.c));
+        let some = |v: &[Option<f64>]| v.iter().flatten().copied().collect::<Vec<f64>>();
+        let ours = spread(&some(&ours_r));
+        let theirs = spread(&some(&theirs_r));
+        let rt = stats::ratio_ci(&stats::paired(&ours_r, &theirs_r));
+        match stats::judge(rt, TARGET) {
+            Verdict::Met => {}
+            Verdict::Missed => missed += 1,
+            Verdict::Undecided | Verdict::NoData => undecided += 1,
         }
         let mm = |s: Option<super::Spread>| {
             s.map_or_else(
@@ -295,8 +304,8 @@ fn report(dir: &Path, rounds: u32) -> Section {
             row.c_label.to_owned(),
             num(theirs.map(|s| s.median), 1),
             mm(theirs),
-            num(rt, 3),
-            verdict(rt, TARGET),
+            stats::with_ci(rt, 3),
+            stats::verdict_text(rt, TARGET),
         ]);
     }
     let failed = failed_runs(dir);
@@ -308,7 +317,11 @@ fn report(dir: &Path, rounds: u32) -> Section {
          alternating rounds. Ping-pong and WRITE/READ use {SIZE}-byte messages; {ITER_POLL} \
          iterations in polling mode, {ITER_EVENT} in event mode (a wake-up per completion is \
          slow under TCG), {ITER_ONE_SIDED} for the one-sided and atomic runs. Latencies in µs; \
-         ratio = median ours / median C; target ≤ {TARGET}.\n"
+         ratio = median ours / median C over the rounds where both ran, with its 95 % \
+         confidence interval (paired percentile bootstrap over rounds, {resamples} resamples); \
+         target ≤ {TARGET}: met when the whole interval is at or below it, MISSED when the \
+         whole interval is above it, undecided when it spans it.\n",
+        resamples = stats::RESAMPLES
     );
     md.push_str(&table(
         &[
@@ -318,7 +331,7 @@ fn report(dir: &Path, rounds: u32) -> Section {
             "C program",
             "C",
             "min–max",
-            "ratio",
+            "ratio [95 % CI]",
             "goal",
         ],
         &table_rows,
@@ -331,13 +344,12 @@ fn report(dir: &Path, rounds: u32) -> Section {
          to its completion (the responder's ACK): the closest figure each program has, not \
          the same measurement.\n",
     );
-    if missed > 0 {
-        let _ = writeln!(
-            md,
-            "\n{missed} of {} rows miss the ≤ {TARGET} target (or have no data).",
-            table_rows.len()
-        );
-    }
+    let _ = writeln!(
+        md,
+        "\n{} of {} rows met, {missed} MISSED, {undecided} undecided or without data.",
+        table_rows.len() - missed - undecided,
+        table_rows.len()
+    );
     if !failed.is_empty() {
         let _ = writeln!(
             md,
@@ -453,9 +465,17 @@ mod tests {
             row.contains("| 100.0 | 90.0–110.0 (n=3) | ibv_rc_pingpong | 100.0 |"),
             "{row}"
         );
-        assert!(row.contains("| 1.000 | met"), "{row}");
+        assert!(
+            row.contains("| 1.000 [0.900–1.100] | undecided (CI spans the goal"),
+            "{row}"
+        );
         assert!(s.markdown.contains("r2-at-cas (client 1, server 0)"));
-        assert!(s.markdown.contains("rows miss"));
+        assert!(
+            s.markdown
+                .contains("0 of 8 rows met, 0 MISSED, 8 undecided"),
+            "{}",
+            s.markdown
+        );
         let _ = fs::remove_dir_all(&dir);
     }
 }

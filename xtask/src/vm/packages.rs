@@ -86,10 +86,15 @@ pub const USERLAND: &[&str] = &[
 ];
 
 /// Added to `USERLAND` in the bench image (`GuestRun::bench`): bpftrace and bpftool for
-/// `cargo xtask bench trace`, with the libraries they link that the test bed lacks.
+/// `cargo xtask bench trace`, tmux for its live-view run, with the libraries they link that
+/// the test bed lacks.
 pub const BENCH_EXTRA: &[&str] = &[
     "bpftrace",
     "bpftool",
+    "tmux",
+    "libevent-core-2.1-7",
+    "libutempter0",
+    "ncurses-base",
     "libbpfcc",
     "libdw1",
     "libclang1-14",
