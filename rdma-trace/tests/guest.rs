@@ -13,10 +13,10 @@ use serde_json::Value;
 
 const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
 
-mod guest_drivers;
-mod guest_ebpf_log;
 #[path = "guest/budget.rs"]
 mod budget;
+mod guest_drivers;
+mod guest_ebpf_log;
 #[path = "guest/hardening.rs"]
 mod hardening;
 
