@@ -210,9 +210,15 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
             let stderr = stderr.join().unwrap();
             let removed =
                 stderr.contains("removed the leftover temporary Soft-RoCE device rdmatrace0");
-            assert_eq!(
-                removed, leftover,
-                "{case}: the run must remove (and name) a leftover device exactly when there is one:\n{stderr}"
+            assert!(
+                !removed || leftover,
+                "{case}: said it removed a device that was not there:\n{stderr}"
+            );
+            // A run killed before it got that far (SIGKILL at 0.1 s) leaves the removal to the
+            // next one; a run that went on must have removed it first.
+            assert!(
+                !leftover || removed || !stderr.contains("created the temporary"),
+                "{case}: went on without removing the leftover device:\n{stderr}"
             );
             if sig == libc::SIGKILL {
                 assert_eq!(status.signal(), Some(libc::SIGKILL), "{case}");
