@@ -780,6 +780,21 @@ fn sh(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Delete the test bed's Soft-RoCE devices (rdma_rxe stays loaded): a host-like setup with no
+/// RDMA device. `RestoreRxe` brings them back.
+fn delete_testbed_devices() {
+    for dev in ["rxe0", "rxe1"] {
+        assert!(
+            Command::new("rdma")
+                .args(["link", "delete", dev])
+                .status()
+                .unwrap()
+                .success(),
+            "rdma link delete {dev}"
+        );
+    }
+}
+
 /// Puts rxe0/rxe1 back (as the guest's init made them) when dropped.
 struct RestoreRxe;
 
@@ -814,15 +829,7 @@ fn run_without_devices_uses_a_temporary_soft_roce_device_and_leaves_routing_alon
     let rules = sh("ip rule show");
     let routes = sh("ip route show table all");
     let _restore = RestoreRxe;
-    for dev in ["rxe0", "rxe1"] {
-        assert!(
-            Command::new("rdma")
-                .args(["link", "delete", dev])
-                .status()
-                .unwrap()
-                .success()
-        );
-    }
+    delete_testbed_devices();
     let json = temp_json("temp-rxe");
     let out = Command::new(RDMA_TRACE)
         .args(["run", "--mode", "poll", "--no-tui", "-i", "50", "--json"])

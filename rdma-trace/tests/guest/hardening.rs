@@ -10,7 +10,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{RDMA_TRACE, RestoreRxe, demo_processes, read_json, temp_json, wait_timeout};
+use super::{
+    RDMA_TRACE, RestoreRxe, delete_testbed_devices, demo_processes, read_json, temp_json,
+    wait_timeout,
+};
 
 const KPROBE_LIST: &str = "/sys/kernel/debug/kprobes/list";
 
@@ -132,15 +135,7 @@ impl Drop for RemoveRdmatrace0 {
 fn run_stopped_at_any_moment_leaves_nothing_behind() {
     let _restore = RestoreRxe;
     let _remove = RemoveRdmatrace0;
-    for dev in ["rxe0", "rxe1"] {
-        assert!(
-            Command::new("rdma")
-                .args(["link", "delete", dev])
-                .status()
-                .unwrap()
-                .success()
-        );
-    }
+    delete_testbed_devices();
     assert!(Path::new("/sys/module/rdma_rxe").exists());
     assert_eq!(kprobes_strict(), "", "kprobes before the test");
     let baseline = bpf_programs();
