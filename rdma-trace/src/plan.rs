@@ -533,21 +533,22 @@ fn tracepoint(facts: &Facts, _def: &ProbeDef, events: &[&str]) -> Option<Decisio
     })
 }
 
+/// The facts of fixture kernel `fixture` (`rdma-trace/tests/fixtures/<fixture>`) for the probe
+/// table, for unit tests.
+#[cfg(test)]
+pub(crate) fn fixture_facts(fixture: &str) -> Facts {
+    let k = Kernel::at(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(fixture),
+    );
+    Facts::gather(&k, crate::probes::PROBES)
+}
+
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
-    use super::*;
+    use super::{fixture_facts as facts, *};
     use crate::probes::PROBES;
-
-    fn facts(fixture: &str) -> Facts {
-        let k = Kernel::at(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures")
-                .join(fixture),
-        );
-        Facts::gather(&k, PROBES)
-    }
 
     fn decision<'a>(p: &'a Plan, name: &str) -> &'a Decision {
         &p.probes

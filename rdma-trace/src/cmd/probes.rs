@@ -256,18 +256,8 @@ fn text(l: &Listing) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use super::*;
-
-    fn facts(fixture: &str) -> Facts {
-        let k = Kernel::at(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures")
-                .join(fixture),
-        );
-        Facts::gather(&k, PROBES)
-    }
+    use crate::plan::fixture_facts as facts;
 
     #[test]
     fn listing_shows_methods_and_typed_reasons() {
