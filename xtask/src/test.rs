@@ -272,6 +272,10 @@ fn echo_summaries(input: impl BufRead) -> Vec<String> {
 /// `cargo xtask run` (the README's main job) in a tmux window: the live view comes up in the
 /// guest with counts, and `q` ends it with status 0.
 fn live_view_in_tmux() -> Result<Vec<String>> {
+    // `cargo xtask run` builds the release profile first: build it here, outside the time the
+    // live view gets to come up (a cold release build alone can take minutes on 2 cores).
+    build_ebpf::run(&build_ebpf::Args { release: true })?;
+    cargo(&["build", "--release"])?;
     let socket = format!("xtask-test-{}", std::process::id());
     let tmux = |args: &[&str]| -> Result<String> {
         let out = Command::new("tmux")
