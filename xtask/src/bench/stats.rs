@@ -80,12 +80,15 @@ fn interval(mut stats: Vec<f64>) -> Option<(f64, f64)> {
     Some((percentile(&stats, 0.025)?, percentile(&stats, 0.975)?))
 }
 
-/// The median of one figure over rounds, with a bootstrap CI. `None` without figures; with
-/// fewer than [`MIN_N`] the interval is unbounded (−∞..∞).
-pub fn median_ci(values: &[f64]) -> Option<Estimate> {
-    let v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    let value = median(&v)?;
-    let n = v.len();
+/// `value` (the statistic of `sample`) with a bootstrap CI: `stat` over [`RESAMPLES`] resamples
+/// of `sample` drawn with replacement. With fewer than [`MIN_N`] items the interval is
+/// unbounded (−∞..∞).
+fn bootstrap<T: Copy>(
+    sample: &[T],
+    value: f64,
+    mut stat: impl FnMut(&[T]) -> f64,
+) -> Option<Estimate> {
+    let n = sample.len();
     if n < MIN_N {
         return Some(Estimate {
             value,
@@ -95,17 +98,25 @@ pub fn median_ci(values: &[f64]) -> Option<Estimate> {
         });
     }
     let mut rng = Rng(SEED);
-    let mut buf = vec![0.0; n];
+    let mut buf: Vec<T> = sample.to_vec();
     let stats = (0..RESAMPLES)
         .map(|_| {
             for x in &mut buf {
-                *x = v[rng.below(n)];
+                *x = sample[rng.below(n)];
             }
-            median(&buf).unwrap_or(f64::NAN)
+            stat(&buf)
         })
         .collect();
     let (lo, hi) = interval(stats)?;
     Some(Estimate { value, lo, hi, n })
+}
+
+/// The median of one figure over rounds, with a bootstrap CI. `None` without figures; with
+/// fewer than [`MIN_N`] the interval is unbounded (−∞..∞).
+pub fn median_ci(values: &[f64]) -> Option<Estimate> {
+    let v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    let value = median(&v)?;
+    bootstrap(&v, value, |b| median(b).unwrap_or(f64::NAN))
 }
 
 /// `median(a) / median(b)` over the rounds where both have a figure (`pairs`: one `(a, b)` per
@@ -116,32 +127,18 @@ pub fn ratio_ci(pairs: &[(f64, f64)]) -> Option<Estimate> {
         .copied()
         .filter(|(a, b)| a.is_finite() && b.is_finite())
         .collect();
-    let stat = |rows: &mut dyn Iterator<Item = (f64, f64)>| {
-        let (a, b): (Vec<f64>, Vec<f64>) = rows.unzip();
+    let stat = |rows: &[(f64, f64)]| {
+        let (a, b): (Vec<f64>, Vec<f64>) = rows.iter().copied().unzip();
         match (median(&a), median(&b)) {
             (Some(a), Some(b)) if b != 0.0 => a / b,
             _ => f64::NAN,
         }
     };
-    let value = stat(&mut p.iter().copied());
+    let value = stat(&p);
     if !value.is_finite() {
         return None;
     }
-    let n = p.len();
-    if n < MIN_N {
-        return Some(Estimate {
-            value,
-            lo: f64::NEG_INFINITY,
-            hi: f64::INFINITY,
-            n,
-        });
-    }
-    let mut rng = Rng(SEED);
-    let stats = (0..RESAMPLES)
-        .map(|_| stat(&mut (0..n).map(|_| p[rng.below(n)])))
-        .collect();
-    let (lo, hi) = interval(stats)?;
-    Some(Estimate { value, lo, hi, n })
+    bootstrap(&p, value, stat)
 }
 
 /// Pairs of figures by round: rounds where both `a` and `b` have one.
