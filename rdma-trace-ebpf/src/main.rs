@@ -21,6 +21,8 @@ mod cq;
 
 mod syscalls;
 
+mod waterfall;
+
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns},

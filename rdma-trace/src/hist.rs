@@ -119,6 +119,18 @@ impl Histogram {
         }
     }
 
+    /// Both histograms' counts together.
+    pub fn add(&self, other: &Histogram) -> Histogram {
+        Histogram {
+            slots: self
+                .slots
+                .iter()
+                .zip(&other.slots)
+                .map(|(a, b)| a + b)
+                .collect(),
+        }
+    }
+
     /// The counts added since `earlier` (a snapshot of the same probe).
     pub fn subtract(&self, earlier: &Histogram) -> Histogram {
         Histogram {

@@ -13,6 +13,7 @@ mod report;
 mod session;
 mod softroce;
 mod tui;
+mod waterfall;
 
 use std::{process::ExitCode, time::Duration};
 

@@ -24,6 +24,7 @@ use crate::{
     session::Session,
     softroce,
     tui::{Live, Progress, Sample, Source},
+    waterfall::{self, Waterfall, WaterfallReport},
 };
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -77,6 +78,12 @@ pub struct Args {
     /// The rdma-demo binary [default: next to rdma-trace, else on PATH].
     #[arg(long, value_name = "PATH")]
     pub demo: Option<PathBuf>,
+    /// Completion waterfall: also keep this many per-event records (JSON `waterfall_samples`).
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub sample: u32,
+    /// Do not trace the completion waterfall (handler → wake-up → on CPU → read, per thread).
+    #[arg(long)]
+    pub no_waterfall: bool,
 }
 
 #[derive(Serialize)]
@@ -87,6 +94,9 @@ struct Report {
     iterations: u32,
     size: u32,
     phases: Vec<Phase>,
+    /// Per-event waterfall records (`--sample N`), every phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waterfall_samples: Option<Vec<waterfall::SampleRecord>>,
 }
 
 #[derive(Serialize)]
@@ -98,6 +108,8 @@ struct Phase {
     probes: Vec<ProbeReport>,
     /// What tracing cost during this phase.
     overhead: Overhead,
+    /// Per process and thread: stages of the completion events read in this phase.
+    waterfall: Option<WaterfallReport>,
 }
 
 /// Exit status: the demo's when it failed.
@@ -129,6 +141,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         "rdma-trace: server {server}, client {client}; probes:\n{}",
         session.attach_table()
     );
+    let mut wf = waterfall::start_or_explain(args.no_waterfall, args.sample as usize);
 
     let modes: &[Mode] = match args.mode {
         Mode::Both => &[Mode::Poll, Mode::Event],
@@ -148,6 +161,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let mut deferred = String::new();
     let mut quit = false;
     for &mode in modes {
+        let wf_before = wf.as_ref().map(Waterfall::snapshot).transpose()?;
         let mut src = RunSource::new(
             &session,
             format!("{mode:?} mode, {server} ↔ {client}"),
@@ -159,11 +173,19 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         let data = delta(&after, &src.phase_before);
         let probes = probe_reports(&session, &data, window.seconds);
         let overhead = src.overhead()?;
+        let wf_report = match (&wf, &wf_before) {
+            (Some(w), Some(b)) => Some(WaterfallReport::from_snapshot(&w.snapshot()?.since(b))),
+            _ => None,
+        };
         let text = format!(
-            "===== mode {mode:?}: {} iterations of {} B, {server} ↔ {client} =====\n{}\n{}\n--- rdma-demo ---\n{}\n",
+            "===== mode {mode:?}: {} iterations of {} B, {server} ↔ {client} =====\n{}\n{}{}\n--- rdma-demo ---\n{}\n",
             args.iterations,
             args.size,
             render(&probes),
+            wf_report
+                .as_ref()
+                .map(|r| format!("{}\n", waterfall::model::render_report(r)))
+                .unwrap_or_default(),
             overhead.render(),
             demo_out.stdout.trim_end()
         );
@@ -179,6 +201,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             demo: demo_json,
             probes,
             overhead,
+            waterfall: wf_report,
         });
         if window.ended_by == "quit" {
             quit = true;
@@ -213,6 +236,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         failure = Some(130);
     }
     drop(session); // detach every probe before the summary
+    let waterfall_samples = wf.as_mut().map(|w| waterfall::records(w.samples()));
+    drop(wf);
     if phases.len() == 2 {
         println!("\n{}", compare(&phases[0], &phases[1]));
     }
@@ -224,6 +249,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             iterations: args.iterations,
             size: args.size,
             phases,
+            waterfall_samples: (args.sample > 0).then_some(waterfall_samples).flatten(),
         };
         write_json(path, &report)?;
     }
@@ -538,6 +564,11 @@ fn compare(poll: &Phase, event: &Phase) -> String {
          ibv_get_cq_event; the wake-up (scheduler latency, softirq/tasklet delivery) is added to every \
          round trip, in exchange for an idle CPU while waiting.\n",
     );
+    out.push_str(&waterfall::explain_phases(
+        &poll.demo,
+        &event.demo,
+        event.waterfall.as_ref(),
+    ));
     out
 }
 
@@ -559,6 +590,8 @@ mod tests {
             all_drivers: false,
             uprobes: false,
             demo: None,
+            sample: 0,
+            no_waterfall: true,
         }
     }
 
