@@ -838,3 +838,6 @@ fn uprobes_time_the_demos_blocking_wait_when_asked() {
         .to_owned();
     assert!(skipped.contains("--uprobes"), "{skipped}");
 }
+
+#[path = "guest/waterfall.rs"]
+mod waterfall;
