@@ -12,7 +12,9 @@ mod probes;
 mod report;
 mod session;
 mod softroce;
+mod timeline;
 mod tui;
+mod workload;
 
 use std::{process::ExitCode, time::Duration};
 

@@ -1,5 +1,8 @@
 //! `rdma-trace run`: spawn the bundled `rdma-demo` ping-pong as load, attach the probe table,
-//! and report per probe — for polling mode, event mode, or both side by side.
+//! and report per probe — for polling mode, event mode, or both side by side. With a CMD,
+//! `--pid` or `--all`, any workload instead of the demo (`run/workload.rs`).
+
+mod workload;
 
 use std::{
     collections::HashMap,
@@ -40,19 +43,19 @@ pub enum Mode {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Completion mode of the demo.
-    #[arg(long, value_enum, default_value = "event")]
+    #[arg(long, value_enum, default_value = "event", conflicts_with_all = ["command", "pid", "all"])]
     pub mode: Mode,
     /// Ping-pong iterations per mode.
-    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000_000), conflicts_with_all = ["command", "pid", "all"])]
     pub iterations: u32,
     /// Message size in bytes.
-    #[arg(short = 'S', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    #[arg(short = 'S', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_048_576), conflicts_with_all = ["command", "pid", "all"])]
     pub size: u32,
     /// RDMA device of the client [default: rxe1 when rxe0 and rxe1 exist, else the first device].
-    #[arg(short, long, value_name = "DEV")]
+    #[arg(short, long, value_name = "DEV", conflicts_with_all = ["command", "pid", "all"])]
     pub device: Option<String>,
     /// RDMA device of the server [default: rxe0 when rxe0 and rxe1 exist, else --device].
-    #[arg(long, value_name = "DEV")]
+    #[arg(long, value_name = "DEV", conflicts_with_all = ["command", "pid", "all"])]
     pub server_device: Option<String>,
     /// Stop a mode's run after this many seconds even if the demo is not done.
     #[arg(long, value_name = "SECS", value_parser = crate::parse_seconds)]
@@ -75,8 +78,32 @@ pub struct Args {
     #[arg(long)]
     pub uprobes: bool,
     /// The rdma-demo binary [default: next to rdma-trace, else on PATH].
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["command", "pid", "all"])]
     pub demo: Option<PathBuf>,
+    /// Trace these running processes (and their children) instead of running the demo; ends
+    /// when they have all exited (status 1), at --duration or Ctrl-C.
+    #[arg(long, value_name = "PID[,PID...]", value_delimiter = ',', conflicts_with_all = ["command", "all"],
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub pid: Vec<u32>,
+    /// Trace the whole system instead of running the demo, until Ctrl-C or --duration.
+    #[arg(long, conflicts_with = "command")]
+    pub all: bool,
+    /// Write a timeline of sampled completions (Chrome trace-event JSON): open it in
+    /// https://ui.perfetto.dev.
+    #[arg(long, value_name = "PATH")]
+    pub timeline: Option<PathBuf>,
+    /// Completions the timeline keeps: the first N, and the slowest N per stage.
+    #[arg(long, value_name = "N", default_value_t = 20, requires = "timeline",
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub timeline_sample: u32,
+    /// Upper bound on the number of events in the timeline file.
+    #[arg(long, value_name = "N", default_value_t = 100_000, requires = "timeline",
+          value_parser = clap::value_parser!(u32).range(10..=10_000_000))]
+    pub timeline_max_events: u32,
+    /// Run this command and its children as the load instead of the demo; rdma-trace exits
+    /// with its status.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -102,6 +129,9 @@ struct Phase {
 
 /// Exit status: the demo's when it failed.
 pub async fn run(args: &Args) -> Result<Option<i32>> {
+    if let Some(target) = workload::target(args) {
+        return workload::run(args, target).await;
+    }
     check_privileges()?;
     let kernel = Kernel::live();
     // No RDMA device, but Soft-RoCE can be had: a temporary rxe device, removed on the way out.
@@ -559,6 +589,12 @@ mod tests {
             all_drivers: false,
             uprobes: false,
             demo: None,
+            pid: Vec::new(),
+            all: false,
+            timeline: None,
+            timeline_sample: 20,
+            timeline_max_events: 100_000,
+            command: Vec::new(),
         }
     }
 
