@@ -12,6 +12,8 @@ pub mod syscalls;
 
 pub mod waterfall;
 
+pub mod workload;
+
 /// Probes one run can attach.
 pub const MAX_PROBES: u32 = 48;
 

@@ -12,8 +12,10 @@ mod probes;
 mod report;
 mod session;
 mod softroce;
+mod timeline;
 mod tui;
 mod waterfall;
+mod workload;
 
 use std::{process::ExitCode, time::Duration};
 

@@ -160,6 +160,7 @@ impl Source for IrqSource<'_> {
                 elapsed,
                 ..Progress::default()
             },
+            waterfall: None,
         })
     }
 

@@ -1,5 +1,8 @@
 //! `rdma-trace run`: spawn the bundled `rdma-demo` ping-pong as load, attach the probe table,
-//! and report per probe — for polling mode, event mode, or both side by side.
+//! and report per probe — for polling mode, event mode, or both side by side. With a CMD,
+//! `--pid` or `--all`, any workload instead of the demo (`run/workload.rs`).
+
+mod workload;
 
 use std::{
     collections::HashMap,
@@ -41,19 +44,19 @@ pub enum Mode {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Completion mode of the demo.
-    #[arg(long, value_enum, default_value = "event")]
+    #[arg(long, value_enum, default_value = "event", conflicts_with_all = ["command", "pid", "all"])]
     pub mode: Mode,
     /// Ping-pong iterations per mode.
-    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000_000), conflicts_with_all = ["command", "pid", "all"])]
     pub iterations: u32,
     /// Message size in bytes.
-    #[arg(short = 'S', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    #[arg(short = 'S', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_048_576), conflicts_with_all = ["command", "pid", "all"])]
     pub size: u32,
     /// RDMA device of the client [default: rxe1 when rxe0 and rxe1 exist, else the first device].
-    #[arg(short, long, value_name = "DEV")]
+    #[arg(short, long, value_name = "DEV", conflicts_with_all = ["command", "pid", "all"])]
     pub device: Option<String>,
     /// RDMA device of the server [default: rxe0 when rxe0 and rxe1 exist, else --device].
-    #[arg(long, value_name = "DEV")]
+    #[arg(long, value_name = "DEV", conflicts_with_all = ["command", "pid", "all"])]
     pub server_device: Option<String>,
     /// Stop a mode's run after this many seconds even if the demo is not done.
     #[arg(long, value_name = "SECS", value_parser = crate::parse_seconds)]
@@ -76,7 +79,7 @@ pub struct Args {
     #[arg(long)]
     pub uprobes: bool,
     /// The rdma-demo binary [default: next to rdma-trace, else on PATH].
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["command", "pid", "all"])]
     pub demo: Option<PathBuf>,
     /// Completion waterfall: also keep this many per-event records (JSON `waterfall_samples`).
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
@@ -84,6 +87,30 @@ pub struct Args {
     /// Do not trace the completion waterfall (handler → wake-up → on CPU → read, per thread).
     #[arg(long)]
     pub no_waterfall: bool,
+    /// Trace these running processes (and their children) instead of running the demo; ends
+    /// when they have all exited (status 1), at --duration or Ctrl-C.
+    #[arg(long, value_name = "PID[,PID...]", value_delimiter = ',', conflicts_with_all = ["command", "all"],
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub pid: Vec<u32>,
+    /// Trace the whole system instead of running the demo, until Ctrl-C or --duration.
+    #[arg(long, conflicts_with = "command")]
+    pub all: bool,
+    /// Write a timeline of sampled completions (Chrome trace-event JSON): open it in
+    /// https://ui.perfetto.dev.
+    #[arg(long, value_name = "PATH")]
+    pub timeline: Option<PathBuf>,
+    /// Completions the timeline keeps: the first N, and the slowest N per stage.
+    #[arg(long, value_name = "N", default_value_t = 20, requires = "timeline",
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub timeline_sample: u32,
+    /// Upper bound on the number of events in the timeline file.
+    #[arg(long, value_name = "N", default_value_t = 100_000, requires = "timeline",
+          value_parser = clap::value_parser!(u32).range(10..=10_000_000))]
+    pub timeline_max_events: u32,
+    /// Run this command and its children as the load instead of the demo; rdma-trace exits
+    /// with its status.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -114,6 +141,9 @@ struct Phase {
 
 /// Exit status: the demo's when it failed.
 pub async fn run(args: &Args) -> Result<Option<i32>> {
+    if let Some(target) = workload::target(args) {
+        return workload::run(args, target).await;
+    }
     check_privileges()?;
     let kernel = Kernel::live();
     // No RDMA device, but Soft-RoCE can be had: a temporary rxe device, removed on the way out.
@@ -167,6 +197,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             format!("{mode:?} mode, {server} ↔ {client}"),
             args.iterations,
         )?;
+        src.wf = wf.as_ref().zip(wf_before.clone());
         let (window, demo_json, demo_out) =
             run_demo(&demo, mode, &server, &client, args, &mut live, &mut src).await?;
         let after = session.snapshot()?;
@@ -422,6 +453,8 @@ struct RunSource<'a> {
     baseline_at: Instant,
     view_stats: Vec<ProgramStat>,
     view_usage: LoaderUsage,
+    /// The waterfall and the live view's baseline of it.
+    wf: Option<(&'a Waterfall, waterfall::Snapshot)>,
 }
 
 impl<'a> RunSource<'a> {
@@ -440,6 +473,7 @@ impl<'a> RunSource<'a> {
             usage_before: usage,
             view_usage: usage,
             baseline_at: Instant::now(),
+            wf: None,
         })
     }
 
@@ -492,6 +526,7 @@ impl Source for RunSource<'_> {
                 total: Some(u64::from(self.iterations)),
                 done_from: cq_posts.map(|_| "rxe_cq_post / 4"),
             },
+            waterfall: self.wf.as_ref().map(|(w, b)| w.view(b)).transpose()?,
         })
     }
 
@@ -500,6 +535,9 @@ impl Source for RunSource<'_> {
         self.baseline_at = Instant::now();
         self.view_stats = self.session.program_stats().0;
         self.view_usage = LoaderUsage::now();
+        if let Some((w, base)) = &mut self.wf {
+            *base = w.snapshot()?;
+        }
         Ok(())
     }
 }
@@ -592,6 +630,12 @@ mod tests {
             demo: None,
             sample: 0,
             no_waterfall: true,
+            pid: Vec::new(),
+            all: false,
+            timeline: None,
+            timeline_sample: 20,
+            timeline_max_events: 100_000,
+            command: Vec::new(),
         }
     }
 

@@ -25,7 +25,7 @@ use tokio::{
     sync::mpsc,
 };
 
-pub use self::app::{App, Key, Progress, Sample};
+pub use self::app::{App, Key, Progress, Sample, WaterfallView};
 
 use crate::cmd::Window;
 
@@ -39,6 +39,11 @@ pub trait Source {
     fn sample(&mut self, elapsed: Duration) -> Result<Sample>;
     /// Start counting from now (key `r`).
     fn reset(&mut self) -> Result<()>;
+    /// Checked after each refresh: `Some(why)` ends the window (e.g. every traced process
+    /// exited), `why` becoming [`Window::ended_by`].
+    fn finished(&mut self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Where the view goes.
@@ -148,6 +153,9 @@ impl Live {
                         let s = src.sample(start.elapsed())?;
                         self.app.update(s);
                         self.render()?;
+                        if let Some(why) = src.finished() {
+                            break (why, None);
+                        }
                     }
                     Some(k) = key => {
                         self.app.key(k);

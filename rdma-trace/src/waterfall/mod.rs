@@ -307,6 +307,32 @@ impl Waterfall {
         Ok(snap)
     }
 
+    /// The live view's waterfall pane: every thread since `base`.
+    pub fn view(&self, base: &Snapshot) -> Result<crate::tui::WaterfallView> {
+        let now = self.snapshot()?.since(base);
+        Ok(match now.merged() {
+            Some(w) => crate::tui::WaterfallView {
+                events: w.events,
+                woken: w.woken,
+                awake: w.awake,
+                stages: ["wake", "runq", "read"]
+                    .iter()
+                    .filter_map(|k| w.stage(k))
+                    .map(|s| {
+                        let name = match s.key {
+                            "wake" => "handler → wake-up",
+                            "runq" => "run queue",
+                            _ => "on CPU → read",
+                        };
+                        (name, s.p50_ns.unwrap_or(0.0), s.p99_ns.unwrap_or(0.0))
+                    })
+                    .collect(),
+                total_mean_ns: w.total_mean_ns,
+            },
+            None => crate::tui::WaterfallView::default(),
+        })
+    }
+
     /// Per-event samples taken so far (at most `--sample N`, in the order they were read).
     pub fn samples(&mut self) -> &[WfSample] {
         if let Some(rb) = self.samples.as_mut() {

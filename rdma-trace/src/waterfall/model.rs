@@ -131,6 +131,18 @@ impl Snapshot {
     }
 }
 
+impl Snapshot {
+    /// Every thread merged into one (None without any).
+    pub fn merged(&self) -> Option<Waterfall> {
+        let mut it = self.threads.values();
+        let mut sum = it.next()?.clone();
+        for t in it {
+            sum.merge(t);
+        }
+        Some(Waterfall::from_data(&sum))
+    }
+}
+
 /// One stage of the waterfall.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Stage {

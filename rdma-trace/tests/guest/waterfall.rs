@@ -59,7 +59,11 @@ fn check_partition(who: &str, w: &Value) {
         .iter()
         .map(|p| u(&p["count"]))
         .sum();
-    assert_eq!(placed, events, "{who}: placement classes {}", w["placement"]);
+    assert_eq!(
+        placed, events,
+        "{who}: placement classes {}",
+        w["placement"]
+    );
     let on_cpu: u64 = w["waiter_cpus"]
         .as_object()
         .expect("waiter_cpus")
@@ -91,7 +95,14 @@ fn run(args: &[&str], name: &str) -> (Value, String) {
 fn waterfall_stages_add_up_and_each_thread_gets_its_own_cq_events() {
     let iters = 300;
     let (report, stdout) = run(
-        &["--mode", "both", "-i", &iters.to_string(), "--sample", "200"],
+        &[
+            "--mode",
+            "both",
+            "-i",
+            &iters.to_string(),
+            "--sample",
+            "200",
+        ],
         "waterfall-both",
     );
     let (poll, event) = (&report["phases"][0], &report["phases"][1]);
@@ -138,7 +149,11 @@ fn waterfall_stages_add_up_and_each_thread_gets_its_own_cq_events() {
     );
     // Per-event samples: ordered stamps, stages that add up, bounded by --sample.
     let samples = report["waterfall_samples"].as_array().expect("samples");
-    assert!(!samples.is_empty() && samples.len() <= 200, "{}", samples.len());
+    assert!(
+        !samples.is_empty() && samples.len() <= 200,
+        "{}",
+        samples.len()
+    );
     for s in samples {
         let t1 = u(&s["t1"]);
         let t4 = u(&s["t4"]);
@@ -192,4 +207,71 @@ fn waterfall_of_a_pinned_demo_shows_its_cpu_for_every_on_cpu_stage() {
         );
         assert_eq!(u(&p[key][&cpu]), events, "{key}: {}", p[key]);
     }
+}
+
+#[test]
+fn three_concurrent_event_mode_pairs_each_get_their_own_count() {
+    let dir = std::env::temp_dir().join(format!("rdma-trace-wf3-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let script = dir.join("three.sh");
+    // Three loopback ping-pongs at once (client and server threads each), with different
+    // iteration counts; each writes its pid and its JSON results.
+    std::fs::write(
+        &script,
+        r#"set -e
+for n in 150 300 450; do
+  sh -c 'echo $$ > "$0.pid"; exec rdma-demo pingpong --loopback --port 0 -d rxe1 --server-device rxe0 --mode event -i "$1" --json "$0"' "$1/demo-$n.json" "$n" &
+done
+wait
+"#,
+    )
+    .expect("script");
+    let json = temp_json("waterfall-three");
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui", "--json"])
+        .arg(&json)
+        .arg("--")
+        .arg("sh")
+        .arg(&script)
+        .arg(&dir)
+        .output()
+        .expect("rdma-trace run -- sh three.sh");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let report = read_json(&json);
+    let procs = report["waterfall"]["processes"]
+        .as_array()
+        .expect("waterfall processes");
+    assert_eq!(procs.len(), 3, "three demo processes: {procs:?}");
+    for n in [150, 300, 450] {
+        let base = dir.join(format!("demo-{n}.json"));
+        let pid: u64 = std::fs::read_to_string(base.with_extension("json.pid"))
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("pid");
+        let demo: Value =
+            serde_json::from_slice(&std::fs::read(&base).expect("demo JSON")).expect("JSON");
+        let cq_events: u64 = demo["reports"]
+            .as_array()
+            .expect("reports")
+            .iter()
+            .map(|r| u(&r["cq_events"]))
+            .sum();
+        let p = procs
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("no waterfall for pid {pid} (-i {n}): {procs:?}"));
+        check_partition(&format!("pid {pid}"), p);
+        let got = u(&p["events"]) as f64;
+        assert!(
+            within_1pct(got, cq_events as f64),
+            "pid {pid} (-i {n}): waterfall counted {got} events, the demo took {cq_events} CQ events"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
