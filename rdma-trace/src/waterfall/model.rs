@@ -132,14 +132,19 @@ impl Snapshot {
 }
 
 impl Snapshot {
-    /// Every thread merged into one (None without any).
-    pub fn merged(&self) -> Option<Waterfall> {
+    /// Every thread's counters and histograms summed (None without any).
+    pub fn merged_data(&self) -> Option<ThreadData> {
         let mut it = self.threads.values();
         let mut sum = it.next()?.clone();
         for t in it {
             sum.merge(t);
         }
-        Some(Waterfall::from_data(&sum))
+        Some(sum)
+    }
+
+    /// Every thread merged into one waterfall (None without any).
+    pub fn merged(&self) -> Option<Waterfall> {
+        self.merged_data().map(|t| Waterfall::from_data(&t))
     }
 }
 

@@ -2,8 +2,9 @@
 //!
 //! Per round, in one 6.1 guest boot (the bench image, with bpftrace and bpftool):
 //! - A: `rdma-demo pingpong --loopback` rxe1 ↔ rxe0 alone, poll then event mode;
-//! - B: `rdma-trace run --no-tui --mode both` (it spawns that same demo command, poll then
-//!   event, with every probe of its table attached);
+//! - B: `rdma-trace run --no-tui --no-waterfall --mode both` (it spawns that same demo
+//!   command, poll then event, with every probe of its table attached): histograms only;
+//! - W: the same with the completion waterfall (its default): histograms + waterfall;
 //! - C: bpftrace running `bench/equivalent.bt` (same probe points, hist() maps) around the same
 //!   two demo runs; D: bpftrace running `bench/empty.bt` (same points, empty bodies).
 //!
@@ -23,7 +24,7 @@ use super::{Section, Spread, num, ratio, read_json, spread, table, verdict};
 const ITERATIONS: u32 = 150;
 const SIZE: u32 = 64;
 const MODES: [&str; 2] = ["poll", "event"];
-const VARIANTS: [&str; 4] = ["A", "B", "C", "D"];
+const VARIANTS: [&str; 5] = ["A", "B", "W", "C", "D"];
 /// The marker both bpftrace scripts print from BEGIN (after all probes are attached).
 const BT_MARK: &str = "@@BPFTRACE_ATTACHED@@";
 /// What rdma-trace prints on stderr once every probe is attached.
@@ -92,14 +93,15 @@ echo 'round,variant,status' > $R/runs.csv
                         );
                     }
                 }
-                "B" => {
+                "B" | "W" => {
+                    let waterfall = if v == "B" { " --no-waterfall" } else { "" };
                     let _ = writeln!(
                         s,
-                        "T0=$(now); BENCH_PREFIX={p} timeout 600 rdma-trace run --no-tui --mode both \
+                        "T0=$(now); BENCH_PREFIX={p} timeout 600 rdma-trace run --no-tui{waterfall} --mode both \
                          -i {ITERATIONS} -S {SIZE} --demo /tmp/bench/demo.sh > {p}.out 2> {p}.err & TP=$!\n\
                          echo $T0 > {p}.start\n\
                          wait_mark {p}.err '{OURS_MARK}' $TP && snap {p}-attach $TP short\n\
-                         wait $TP; echo \"{round},B,$?\" >> $R/runs.csv"
+                         wait $TP; echo \"{round},{v},$?\" >> $R/runs.csv"
                     );
                 }
                 _ => {
@@ -327,7 +329,7 @@ fn report(dir: &Path, rounds: u32) -> Section {
             lat.insert((m, v), spread(&figures));
         }
     }
-    let sessions: BTreeMap<&str, Vec<Session>> = ["B", "C", "D"]
+    let sessions: BTreeMap<&str, Vec<Session>> = ["B", "W", "C", "D"]
         .into_iter()
         .map(|v| {
             (
@@ -382,6 +384,57 @@ fn report(dir: &Path, rounds: u32) -> Section {
         &["mode", "run", "median µs", "min–max", "ratio to A", "goal"],
         &rows,
     ));
+
+    // Table 1b: what the waterfall adds (W against B).
+    md.push_str("\n### What the completion waterfall costs (W against B)\n\n");
+    let mut rows = Vec::new();
+    for m in MODES {
+        let b = lat[&(m, "B")].map(|s| s.median);
+        let w = lat[&(m, "W")].map(|s| s.median);
+        rows.push(vec![
+            format!("{m}: median round trip, µs"),
+            num(b, 1),
+            num(w, 1),
+            num(ratio(w, b), 3),
+        ]);
+        let bb = med("B", &|s| s.bpf_ns_per_iter.get(m).copied()).map(|s| s.median);
+        let wb = med("W", &|s| s.bpf_ns_per_iter.get(m).copied()).map(|s| s.median);
+        rows.push(vec![
+            format!("{m}: BPF ns per demo iteration"),
+            num(bb, 0),
+            num(wb, 0),
+            num(ratio(wb, bb), 3),
+        ]);
+    }
+    let cpu = |v: &str| med(v, &|s| s.cpu_percent).map(|s| s.median);
+    rows.push(vec![
+        "tracer CPU, % of a core".into(),
+        num(cpu("B"), 2),
+        num(cpu("W"), 2),
+        num(ratio(cpu("W"), cpu("B")), 3),
+    ]);
+    let rss = |v: &str| med(v, &|s| s.peak_rss_mib).map(|s| s.median);
+    rows.push(vec![
+        "tracer peak RSS, MiB".into(),
+        num(rss("B"), 1),
+        num(rss("W"), 1),
+        num(ratio(rss("W"), rss("B")), 3),
+    ]);
+    md.push_str(&table(
+        &[
+            "figure (median)",
+            "histograms only (B)",
+            "+ waterfall (W)",
+            "W / B",
+        ],
+        &rows,
+    ));
+    md.push_str(
+        "\nW adds the waterfall's programs (kprobes on ib_uverbs_comp_handler and \
+         ib_uverbs_comp_event_read, rxe_cq_post and rxe_req_notify_cq, and the sched_waking and \
+         sched_switch tracepoints, which run on every wake-up and context switch of the machine \
+         and bail out early for threads no completion handler woke).\n",
+    );
 
     // Table 2: BPF time.
     md.push_str("\n### BPF time (kernel run-time statistics, `bpftool prog show`)\n\n");
@@ -521,7 +574,8 @@ fn report(dir: &Path, rounds: u32) -> Section {
 fn label(v: &str) -> &'static str {
     match v {
         "A" => "A: demo alone",
-        "B" => "B: rdma-trace",
+        "B" => "B: rdma-trace, histograms only",
+        "W" => "W: rdma-trace, histograms + waterfall",
         "C" => "C: bpftrace, equivalent.bt",
         _ => "D: bpftrace, empty bodies",
     }
@@ -616,7 +670,17 @@ mod tests {
     #[test]
     fn script_runs_every_variant_each_round() {
         let s = script(2);
-        assert_eq!(s.matches("rdma-trace run --no-tui --mode both").count(), 2);
+        assert_eq!(s.matches("rdma-trace run --no-tui").count(), 4);
+        assert_eq!(
+            s.matches("rdma-trace run --no-tui --no-waterfall --mode both")
+                .count(),
+            2,
+            "B: histograms only; W: with the waterfall"
+        );
+        assert!(
+            s.contains("r1-W.start") && s.contains("echo \"2,W,$?\""),
+            "{s}"
+        );
         assert_eq!(s.matches("bpftrace bench/equivalent.bt").count(), 2);
         assert_eq!(s.matches("bpftrace bench/empty.bt").count(), 2);
         // A, C and D run the demo as rdma-trace does: 3 variants x 2 modes x 2 rounds.
