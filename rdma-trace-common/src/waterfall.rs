@@ -64,8 +64,10 @@ pub const W_NO_DRIVER: u32 = 4;
 pub const W_UNMATCHED: u32 = 5;
 /// Counter: queued events dropped because more than [`WF_QUEUE_LEN`] waited on one channel.
 pub const W_DROPPED: u32 = 6;
+/// Counter: sum in ns of T0→T1 of the woken events (the driver stage on their critical path).
+pub const W_DRIVER_WOKEN_SUM: u32 = 7;
 /// Counters `W_SUM + h`: sum in ns of histogram `h`'s values (`h` < `H_CLASS`).
-pub const W_SUM: u32 = 7;
+pub const W_SUM: u32 = 8;
 pub const NR_WCOUNTERS: u32 = W_SUM + H_CLASS;
 
 /// Per thread slot and CPU: counters, placement classes and the CPUs of the stages.

@@ -33,9 +33,9 @@ use rdma_trace_common::{
     hist_slot,
     waterfall::{
         CLASS_UNKNOWN, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, NR_CLASSES,
-        SF_NO_SWITCH, SF_WOKEN, W_AWAKE, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM,
-        W_UNMATCHED, W_WOKEN, WF_CPUS, WF_NHIST, WF_QUEUE_LEN, WF_THREADS, WfConfig, WfCounts,
-        WfHist, WfSample, WfThread,
+        SF_NO_SWITCH, SF_WOKEN, W_AWAKE, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER,
+        W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_CPUS, WF_NHIST, WF_QUEUE_LEN, WF_THREADS,
+        WfConfig, WfCounts, WfHist, WfSample, WfThread,
     },
 };
 
@@ -497,6 +497,9 @@ fn record(slot: u32, s: &WfSample) {
     c.counters[W_EVENTS as usize] += 1;
     if s.t0 != 0 && s.t0 <= s.t1 {
         add(c, H_DRIVER, slot, s.t1 - s.t0);
+        if s.flags & SF_WOKEN != 0 {
+            c.counters[W_DRIVER_WOKEN_SUM as usize] += s.t1 - s.t0;
+        }
     } else {
         c.counters[W_NO_DRIVER as usize] += 1;
     }
