@@ -282,6 +282,25 @@ pub fn text_block(app: &App) -> String {
             sparkline(r),
         ));
     }
+    if let Some(w) = app.waterfall.as_ref().filter(|w| w.events > 0) {
+        let stages: Vec<String> = w
+            .stages
+            .iter()
+            .map(|(n, p50, p99)| {
+                format!(
+                    "{n} {}/{}",
+                    crate::hist::human_ns_f(*p50),
+                    crate::hist::human_ns_f(*p99)
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "  waterfall: {} events ({} woken), p50/p99 {}\n",
+            w.events,
+            w.woken,
+            stages.join(", ")
+        ));
+    }
     if let Some(o) = &app.overhead {
         out.push_str(&format!(
             "  overhead: eBPF {:.2} % CPU, loader {:.1} % CPU, RSS {} KiB\n",
@@ -396,6 +415,10 @@ mod tests {
         assert!(t.contains("rxe_rcv") && t.contains("400"), "{t}");
         assert!(!t.contains("idle") && !t.contains("gone"), "{t}");
         assert!(t.contains("1us █▄"), "{t}");
+        assert!(
+            t.contains("waterfall: 400 events (200 woken), p50/p99 handler → wake-up 2.0us/8.0us"),
+            "{t}"
+        );
     }
 
     struct Counter(u64, u64);
