@@ -196,8 +196,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             &session,
             format!("{mode:?} mode, {server} ↔ {client}"),
             args.iterations,
+            wf.as_ref().zip(wf_before.clone()),
         )?;
-        src.wf = wf.as_ref().zip(wf_before.clone());
         let (window, demo_json, demo_out) =
             run_demo(&demo, mode, &server, &client, args, &mut live, &mut src).await?;
         let after = session.snapshot()?;
@@ -458,9 +458,17 @@ struct RunSource<'a> {
 }
 
 impl<'a> RunSource<'a> {
-    fn new(session: &'a Session, label: String, iterations: u32) -> Result<Self> {
+    fn new(
+        session: &'a Session,
+        label: String,
+        iterations: u32,
+        wf: Option<(&'a Waterfall, waterfall::Snapshot)>,
+    ) -> Result<Self> {
         let before = session.snapshot()?;
-        let (stats, _) = session.program_stats();
+        let (mut stats, _) = session.program_stats();
+        if let Some((w, _)) = &wf {
+            stats.extend(w.program_stats());
+        }
         let usage = LoaderUsage::now();
         Ok(Self {
             session,
@@ -473,13 +481,22 @@ impl<'a> RunSource<'a> {
             usage_before: usage,
             view_usage: usage,
             baseline_at: Instant::now(),
-            wf: None,
+            wf,
         })
+    }
+
+    /// Run-time statistics of every program: the probe table's and the waterfall's.
+    fn stats(&self) -> (Vec<ProgramStat>, &str) {
+        let (mut stats, how) = self.session.program_stats();
+        if let Some((w, _)) = &self.wf {
+            stats.extend(w.program_stats());
+        }
+        (stats, how)
     }
 
     /// The phase's overhead so far.
     fn overhead(&self) -> Result<Overhead> {
-        let (now, how) = self.session.program_stats();
+        let (now, how) = self.stats();
         Ok(Overhead::between(
             how,
             &self.stats_before,
@@ -508,7 +525,7 @@ impl Source for RunSource<'_> {
             .position(|p| p.name == "rxe_cq_post" && p.skipped.is_none())
             .and_then(|i| phase.get(&self.session.plan.probes[i].id))
             .map(|d| d.counters[rdma_trace_common::C_EVENTS as usize]);
-        let (stats, how) = self.session.program_stats();
+        let (stats, how) = self.stats();
         let overhead = Overhead::between(
             how,
             &self.view_stats,
@@ -533,7 +550,7 @@ impl Source for RunSource<'_> {
     fn reset(&mut self) -> Result<()> {
         self.baseline = self.session.snapshot()?;
         self.baseline_at = Instant::now();
-        self.view_stats = self.session.program_stats().0;
+        self.view_stats = self.stats().0;
         self.view_usage = LoaderUsage::now();
         if let Some((w, base)) = &mut self.wf {
             *base = w.snapshot()?;

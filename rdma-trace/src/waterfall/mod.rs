@@ -233,6 +233,23 @@ impl Waterfall {
         Ok(())
     }
 
+    /// Run count and time of every attached waterfall program (for the self-cost table).
+    pub fn program_stats(&self) -> Vec<crate::overhead::ProgramStat> {
+        self.notes
+            .iter()
+            .filter(|n| n.skipped.is_none())
+            .filter_map(|n| {
+                let info = self.ebpf.program(n.program)?.info().ok()?;
+                Some(crate::overhead::ProgramStat {
+                    name: n.program.to_owned(),
+                    target: n.target.clone(),
+                    runs: info.run_count(),
+                    run_ns: info.run_time().as_nanos() as u64,
+                })
+            })
+            .collect()
+    }
+
     /// One line per program: attached, or why not.
     pub fn attach_table(&self) -> String {
         let mut out = String::new();

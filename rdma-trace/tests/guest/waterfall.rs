@@ -141,6 +141,20 @@ fn waterfall_stages_add_up_and_each_thread_gets_its_own_cq_events() {
         );
     }
     assert_eq!(u(&p["unmatched_reads"]), 0, "{p}");
+    // The waterfall's own programs are in the self-cost table.
+    let progs = event["overhead"]["programs"].as_array().expect("programs");
+    for name in [
+        "wf_handler_entry",
+        "wf_sched_waking",
+        "wf_sched_switch",
+        "wf_read_return",
+    ] {
+        let prog = progs
+            .iter()
+            .find(|x| x["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not in the overhead table: {progs:?}"));
+        assert!(u(&prog["runs"]) > 0, "{prog}");
+    }
     // rxe stamps T0 (rxe_cq_post) for the events it raised.
     assert!(
         u(&stage(p, "driver")["count"]) * 2 > u(&p["events"]),
