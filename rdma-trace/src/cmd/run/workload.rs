@@ -164,7 +164,12 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         _ => None,
     };
     let (window, probes, overhead) = {
-        let mut src = WorkloadSource::new(&session, label.clone(), target.clone())?;
+        let mut src = WorkloadSource::new(
+            &session,
+            label.clone(),
+            target.clone(),
+            wf.as_ref().zip(wf_before.clone()),
+        )?;
         let window = live.watch(&mut src, args.duration, child.as_mut()).await?;
         let overhead = src.overhead()?;
         let before = src.phase_before.clone();
@@ -371,12 +376,22 @@ struct WorkloadSource<'a> {
     baseline_at: Instant,
     view_stats: Vec<ProgramStat>,
     view_usage: LoaderUsage,
+    /// The completion waterfall and the live view's baseline of it.
+    wf: Option<(&'a crate::waterfall::Waterfall, crate::waterfall::Snapshot)>,
 }
 
 impl<'a> WorkloadSource<'a> {
-    fn new(session: &'a Session, label: String, target: Target) -> Result<Self> {
+    fn new(
+        session: &'a Session,
+        label: String,
+        target: Target,
+        wf: Option<(&'a crate::waterfall::Waterfall, crate::waterfall::Snapshot)>,
+    ) -> Result<Self> {
         let before = session.snapshot()?;
-        let (stats, _) = session.program_stats();
+        let (mut stats, _) = session.program_stats();
+        if let Some((w, _)) = &wf {
+            stats.extend(w.program_stats());
+        }
         let usage = LoaderUsage::now();
         Ok(Self {
             session,
@@ -389,11 +404,21 @@ impl<'a> WorkloadSource<'a> {
             usage_before: usage,
             view_usage: usage,
             baseline_at: Instant::now(),
+            wf,
         })
     }
 
+    /// Run-time statistics of every program: the probe table's and the waterfall's.
+    fn stats(&self) -> (Vec<ProgramStat>, &str) {
+        let (mut stats, how) = self.session.program_stats();
+        if let Some((w, _)) = &self.wf {
+            stats.extend(w.program_stats());
+        }
+        (stats, how)
+    }
+
     fn overhead(&self) -> Result<Overhead> {
-        let (now, how) = self.session.program_stats();
+        let (now, how) = self.stats();
         Ok(Overhead::between(
             how,
             &self.stats_before,
@@ -413,7 +438,7 @@ impl Source for WorkloadSource<'_> {
             &data,
             self.baseline_at.elapsed().as_secs_f64(),
         );
-        let (stats, how) = self.session.program_stats();
+        let (stats, how) = self.stats();
         let overhead = Overhead::between(
             how,
             &self.view_stats,
@@ -431,15 +456,18 @@ impl Source for WorkloadSource<'_> {
                 total: None,
                 done_from: None,
             },
-            waterfall: None,
+            waterfall: self.wf.as_ref().map(|(w, b)| w.view(b)).transpose()?,
         })
     }
 
     fn reset(&mut self) -> Result<()> {
         self.baseline = self.session.snapshot()?;
         self.baseline_at = Instant::now();
-        self.view_stats = self.session.program_stats().0;
+        self.view_stats = self.stats().0;
         self.view_usage = LoaderUsage::now();
+        if let Some((w, base)) = &mut self.wf {
+            *base = w.snapshot()?;
+        }
         Ok(())
     }
 
