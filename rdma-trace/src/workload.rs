@@ -17,7 +17,10 @@ use aya::{
 use rdma_trace_common::workload::{PROC_KEY_SLOT, TIMELINE_RING_BYTES, WL_ALL, WL_OFF, WL_TREE};
 use serde::Serialize;
 
-use crate::bpf::{Bpf, chain};
+use crate::{
+    bpf::{Bpf, chain},
+    error::Unsupported,
+};
 
 /// Load-time configuration of the workload and timeline programs (globals of the eBPF object).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,10 +98,13 @@ fn newtask_offsets() -> Result<(u32, u32)> {
     let text = TRACEFS
         .iter()
         .find_map(|d| std::fs::read_to_string(format!("{d}/events/task/task_newtask/format")).ok())
-        .context(
-            "the tracepoint task:task_newtask is not readable (is tracefs mounted at /sys/kernel/tracing?): \
-             it is how children of the traced processes are followed",
-        )?;
+        .ok_or_else(|| {
+            anyhow!(Unsupported(
+                "the tracepoint task:task_newtask is not readable (mount tracefs: mount -t tracefs \
+                 tracefs /sys/kernel/tracing): it is how children of the traced processes are followed"
+                    .to_owned()
+            ))
+        })?;
     let pid = format_offset(&text, "pid").context("task_newtask format: no pid field")?;
     let flags =
         format_offset(&text, "clone_flags").context("task_newtask format: no clone_flags field")?;

@@ -114,6 +114,8 @@ struct Report {
     iterations: u32,
     size: u32,
     phases: Vec<Phase>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeline: Option<crate::timeline::Summary>,
 }
 
 #[derive(Serialize)]
@@ -132,6 +134,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     if let Some(target) = workload::target(args) {
         return workload::run(args, target).await;
     }
+    let timeline_file = workload::timeline_file(args)?;
     check_privileges()?;
     let kernel = Kernel::live();
     // No RDMA device, but Soft-RoCE can be had: a temporary rxe device, removed on the way out.
@@ -147,14 +150,17 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     };
     let (server, client) = pick_devices(&kernel.rdma_devices(), args)?;
     let demo = demo_binary(args.demo.as_deref())?;
-    let session = Session::start(
+    let extra = workload::demo_extra(timeline_file.is_some());
+    let mut session = Session::start_with(
         &kernel,
         PROBES,
         Options {
             all_drivers: args.all_drivers,
             uprobes: args.uprobes,
         },
+        &extra,
     )?;
+    let timeline = workload::start(&mut session, &extra, timeline_file, args)?;
     eprintln!(
         "rdma-trace: server {server}, client {client}; probes:\n{}",
         session.attach_table()
@@ -242,6 +248,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     if interrupted {
         failure = Some(130);
     }
+    let timeline = workload::finish_timeline(&mut session, timeline, args)?;
     drop(session); // detach every probe before the summary
     if phases.len() == 2 {
         println!("\n{}", compare(&phases[0], &phases[1]));
@@ -254,6 +261,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             iterations: args.iterations,
             size: args.size,
             phases,
+            timeline,
         };
         write_json(path, &report)?;
     }
