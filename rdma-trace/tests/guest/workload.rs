@@ -213,15 +213,7 @@ fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
         .spawn()
         .expect("start rdma-trace");
     // Attached once it says what it traces.
-    let mut err = BufReader::new(tracer.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("rdma-trace: tracing pid") {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).expect("stderr") > 0,
-            "rdma-trace ended early"
-        );
-    }
+    let mut err = wait_tracing(&mut tracer);
     let (g0, _) = gids();
     let client = Command::new("ib_send_lat")
         .args([
@@ -260,40 +252,54 @@ fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
     assert!(probe_count(&report, "ib_uverbs_comp_handler") >= read);
 }
 
+/// Wait until a spawned rdma-trace (stderr piped) says it traces; returns the rest of stderr.
+fn wait_tracing(tracer: &mut std::process::Child) -> BufReader<std::process::ChildStderr> {
+    let mut err = BufReader::new(tracer.stderr.take().expect("piped stderr"));
+    let mut line = String::new();
+    while !line.starts_with("rdma-trace: tracing ") {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).expect("stderr") > 0,
+            "rdma-trace ended early"
+        );
+    }
+    err
+}
+
 #[test]
-fn all_traces_every_process_until_the_duration() {
-    let port = 18_606;
-    let mut load = Command::new("sh")
-        .args(["-c", &rc_pingpong_pair(true, 100_000, port)])
-        .spawn()
-        .expect("start the load");
-    super::wait_listening(port);
+fn all_traces_every_process_until_ctrl_c() {
     let json = temp_json("all");
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--no-tui", "--all", "--duration", "3"])
+    let mut tracer = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui", "--all", "--duration", "600"])
         .args(["--json", json.to_str().unwrap()])
-        .output()
-        .expect("run rdma-trace");
-    let _ = load.kill();
-    let _ = Command::new("pkill")
-        .args(["-x", "ibv_rc_pingpong"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rdma-trace");
+    let mut err = wait_tracing(&mut tracer);
+    let load = Command::new("sh")
+        .args(["-c", &rc_pingpong_pair(true, 300, 18_606)])
+        .status()
+        .expect("run the load");
+    assert!(load.success(), "the ping-pong pair failed: {load}");
+    // kill(1) sends SIGINT, as Ctrl-C does.
+    let _ = Command::new("kill")
+        .args(["-INT", &tracer.id().to_string()])
         .status();
-    let _ = load.wait();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let status = wait_timeout(&mut tracer, Duration::from_secs(60));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert!(status.success(), "{status}: {rest}");
     let report = read_json(&json);
     assert_eq!(report["target"], "all");
-    assert_eq!(report["window"]["ended_by"], "duration");
-    assert!(probe_count(&report, "ib_uverbs_comp_handler") > 0);
+    assert_eq!(report["window"]["ended_by"], "interrupted");
+    assert!(probe_count(&report, "ib_uverbs_comp_handler") >= 300);
     let pp = processes(&report, "ibv_rc_pingpong");
-    assert!(!pp.is_empty(), "{}", report["processes"]);
-    assert!(
-        pp.iter()
-            .any(|p| p["completion_events_read"].as_u64() > Some(0))
-    );
+    assert_eq!(pp.len(), 2, "{}", report["processes"]);
+    for p in pp {
+        assert!(p["completion_events_read"].as_u64() > Some(0), "{p}");
+    }
+    assert!(report["processes"].as_array().unwrap().len() <= 20);
 }
 
 #[test]

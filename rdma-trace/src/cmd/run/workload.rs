@@ -290,7 +290,8 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
             },
         )?;
     }
-    if interrupted || window.interrupted() {
+    // Ctrl-C is how `--all` and `--pid` are meant to end; a CMD it cuts short.
+    if (interrupted || window.interrupted()) && matches!(target, Target::Command(_)) {
         return Ok(Some(130));
     }
     if window.ended_by == "exited" {
