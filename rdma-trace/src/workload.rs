@@ -245,15 +245,80 @@ pub fn resolve_command(name: &str) -> Result<PathBuf> {
         })
 }
 
+/// Output kept per stream of a CMD whose output is held back (the live screen owns the terminal).
+const KEPT_OUTPUT: usize = 64 * 1024;
+
+/// A CMD's stdout and stderr, held back while the live screen is up; the last 64 KiB of each.
+pub struct HeldOutput {
+    out: tokio::task::JoinHandle<String>,
+    err: tokio::task::JoinHandle<String>,
+}
+
+impl HeldOutput {
+    /// What CMD wrote, once it has exited.
+    pub async fn take(self) -> (String, String) {
+        (
+            self.out.await.unwrap_or_default(),
+            self.err.await.unwrap_or_default(),
+        )
+    }
+}
+
+async fn keep_tail(mut r: impl tokio::io::AsyncRead + Unpin) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = r.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        kept.extend_from_slice(&buf[..n]);
+        if kept.len() > 2 * KEPT_OUTPUT {
+            kept.drain(..kept.len() - KEPT_OUTPUT);
+        }
+    }
+    if kept.len() > KEPT_OUTPUT {
+        kept.drain(..kept.len() - KEPT_OUTPUT);
+    }
+    String::from_utf8_lossy(&kept).into_owned()
+}
+
 /// Start CMD (its program already resolved). Its own children are traced from their fork on;
-/// CMD itself is the tracer's next child, which `task_newtask` adopts.
-pub fn spawn(program: &Path, cmd: &[String]) -> Result<tokio::process::Child> {
-    tokio::process::Command::new(program)
+/// CMD itself is the tracer's next child, which `task_newtask` adopts. With `hold`, CMD gets no
+/// terminal: no stdin, and its output is kept for later.
+pub fn spawn(
+    program: &Path,
+    cmd: &[String],
+    hold: bool,
+) -> Result<(tokio::process::Child, Option<HeldOutput>)> {
+    let io = || {
+        if hold {
+            Stdio::piped()
+        } else {
+            Stdio::inherit()
+        }
+    };
+    let mut child = tokio::process::Command::new(program)
+        .arg0(&cmd[0])
         .args(&cmd[1..])
-        .stdin(Stdio::inherit())
+        .stdin(if hold {
+            Stdio::null()
+        } else {
+            Stdio::inherit()
+        })
+        .stdout(io())
+        .stderr(io())
         .kill_on_drop(true)
         .spawn()
-        .with_context(|| format!("could not start {}", cmd[0]))
+        .with_context(|| format!("could not start {}", cmd[0]))?;
+    let held = match (child.stdout.take(), child.stderr.take()) {
+        (Some(out), Some(err)) => Some(HeldOutput {
+            out: tokio::spawn(keep_tail(out)),
+            err: tokio::spawn(keep_tail(err)),
+        }),
+        _ => None,
+    };
+    Ok((child, held))
 }
 
 /// One traced process and what it counted.

@@ -448,3 +448,39 @@ fn an_unwritable_timeline_fails_before_attaching() {
     assert!(err.contains("cannot write there"), "{err}");
     assert!(kprobes_left().trim().is_empty());
 }
+
+#[test]
+fn timeline_of_the_demo_run_names_the_demo_threads() {
+    let path = temp_json("timeline-demo");
+    let json = temp_json("timeline-demo-report");
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui", "--mode", "event", "-i", "200"])
+        .args(["--timeline", path.to_str().unwrap()])
+        .args(["--json", json.to_str().unwrap()])
+        .output()
+        .expect("run rdma-trace");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("timeline file")).expect("JSON");
+    let _ = std::fs::remove_file(&path);
+    let slices = check_trace_events(&doc);
+    assert!(slices.iter().any(|(n, _, _)| n == "ib_uverbs_comp_handler"));
+    let report = read_json(&json);
+    assert_eq!(
+        report["timeline"]["slices"].as_u64().unwrap() * 2,
+        slices.len() as u64
+    );
+    assert!(
+        doc["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "process_name"
+                && e["args"]["name"].as_str().unwrap().starts_with("rdma-demo")),
+        "no track of the demo"
+    );
+}

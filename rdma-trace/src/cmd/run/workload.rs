@@ -211,12 +211,13 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         args.interval,
         json_on_stdout,
     );
-    let mut child = match &target {
+    let (mut child, held) = match &target {
         Target::Command(cmd) => {
             let program = workload::resolve_command(&cmd[0])?;
-            Some(workload::spawn(&program, cmd)?)
+            let (c, held) = workload::spawn(&program, cmd, live.is_screen())?;
+            (Some(c), held)
         }
-        _ => None,
+        _ => (None, None),
     };
     let (window, probes, overhead) = {
         let mut src = WorkloadSource::new(&session, label.clone(), target.clone())?;
@@ -235,6 +236,11 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         false
     };
     live.close();
+    if let Some(h) = held {
+        let (out, err) = h.take().await;
+        print!("{out}");
+        eprint!("{err}");
+    }
     let processes = process_reports(&session, &target)?;
     let timeline = match (recorder, &args.timeline) {
         (Some(r), Some(path)) => {
