@@ -57,6 +57,11 @@ impl Extra {
         }
     }
 
+    /// `--all`: the user-space probes count every process too.
+    pub fn every_process(&self) -> bool {
+        self.workload == WL_ALL
+    }
+
     /// Trace the processes of `target`; offsets of `task:task_newtask` from tracefs.
     pub fn for_target(target: &Target, timeline: bool) -> Result<Self> {
         let mut e = Extra {
@@ -135,6 +140,7 @@ pub fn attach(bpf: &mut Bpf, extra: &Extra) -> Result<()> {
     }
     if extra.workload == WL_TREE {
         bpf.attach_tracepoint("task_newtask", "task", "task_newtask")?;
+        bpf.attach_raw_tracepoint("proc_exit", "sched_process_exit")?;
     }
     bpf.attach_raw_tracepoint("proc_exec", "sched_process_exec")
 }
