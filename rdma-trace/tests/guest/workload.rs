@@ -36,8 +36,10 @@ fn rc_pingpong_pair(event: bool, iters: u32, port: u16) -> String {
     let (g0, g1) = gids();
     let e = if event { " -e" } else { "" };
     pair(
-        &format!("ibv_rc_pingpong -d rxe1 -g {g1} -n {iters} -p {port}{e} >/dev/null"),
-        &format!("ibv_rc_pingpong -d rxe0 -g {g0} -n {iters} -p {port}{e} 10.9.0.2 >/dev/null"),
+        &format!("timeout 180 ibv_rc_pingpong -d rxe1 -g {g1} -n {iters} -p {port}{e} >/dev/null"),
+        &format!(
+            "timeout 180 ibv_rc_pingpong -d rxe0 -g {g0} -n {iters} -p {port}{e} 10.9.0.2 >/dev/null"
+        ),
         port,
     )
 }
@@ -46,8 +48,10 @@ fn send_lat_pair(event: bool, iters: u32, port: u16) -> String {
     let (g0, g1) = gids();
     let e = if event { " -e" } else { "" };
     pair(
-        &format!("ib_send_lat -F -d rxe1 -x {g1} -n {iters} -p {port}{e} >/dev/null"),
-        &format!("ib_send_lat -F -d rxe0 -x {g0} -n {iters} -p {port}{e} 10.9.0.2 >/dev/null"),
+        &format!("timeout 180 ib_send_lat -F -d rxe1 -x {g1} -n {iters} -p {port}{e} >/dev/null"),
+        &format!(
+            "timeout 180 ib_send_lat -F -d rxe0 -x {g0} -n {iters} -p {port}{e} 10.9.0.2 >/dev/null"
+        ),
         port,
     )
 }
@@ -141,19 +145,28 @@ fn run_cmd_ibv_rc_pingpong_polling_pair_takes_no_completion_events() {
 }
 
 #[test]
-fn run_cmd_ib_send_lat_with_and_without_events() {
+fn run_cmd_ib_send_lat_event_pair() {
     let (status, stdout, report) = run_cmd(&[], &send_lat_pair(true, 300, 18_603), "sl-e");
-    assert_eq!(status, Some(0), "{stdout}");
-    assert!(probe_count(&report, "ib_uverbs_comp_handler") >= 300);
     assert_eq!(
-        processes(&report, "ib_send_lat").len(),
-        2,
-        "{}",
-        report["processes"]
+        status,
+        Some(0),
+        "ib_send_lat -e pair (timeout: 124): {stdout}"
     );
+    assert!(probe_count(&report, "ib_uverbs_comp_handler") >= 300);
+    assert_eq!(report["completion_mode"], "completion events");
+    let both = processes(&report, "ib_send_lat");
+    assert_eq!(both.len(), 2, "{}", report["processes"]);
+    for p in both {
+        assert!(p["completion_events_read"].as_u64() >= Some(150), "{p}");
+    }
+}
+
+#[test]
+fn run_cmd_ib_send_lat_polling_pair() {
     let (status, stdout, report) = run_cmd(&[], &send_lat_pair(false, 300, 18_604), "sl-p");
-    assert_eq!(status, Some(0), "{stdout}");
+    assert_eq!(status, Some(0), "ib_send_lat pair (timeout: 124): {stdout}");
     assert_eq!(probe_count(&report, "ib_uverbs_comp_handler"), 0);
+    assert_eq!(report["completion_mode"], "none");
     assert!(probe_count(&report, "rxe_cq_post") >= 300);
     assert_eq!(
         processes(&report, "ib_send_lat").len(),
@@ -215,7 +228,7 @@ fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
     // Attached once it says what it traces.
     let mut err = wait_tracing(&mut tracer);
     let (g0, _) = gids();
-    let client = Command::new("ib_send_lat")
+    let mut client = Command::new("ib_send_lat")
         .args([
             "-F",
             "-e",
@@ -228,8 +241,9 @@ fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
         ])
         .args(["-p", &port.to_string(), "10.9.0.2"])
         .stdout(Stdio::null())
-        .status()
+        .spawn()
         .expect("run the ib_send_lat client");
+    let client = wait_timeout(&mut client, Duration::from_secs(180));
     assert!(client.success(), "client: {client}");
     assert!(wait_timeout(&mut server, Duration::from_secs(30)).success());
     // The server exited: the run ends, non-zero, saying so in one line.
