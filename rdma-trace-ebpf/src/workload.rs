@@ -131,3 +131,18 @@ pub fn proc_exec(_ctx: RawTracePointContext) -> i32 {
     }
     0
 }
+
+/// A traced process ends (its main thread exits): it leaves `TGIDS`, so a long-running CMD that
+/// starts many short processes never fills the map. Its counts and name stay for the report.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn proc_exit(_ctx: RawTracePointContext) -> i32 {
+    if config(&WORKLOAD) != WL_TREE {
+        return 0;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if tgid == tid {
+        let _ = TGIDS.remove(&tgid);
+    }
+    0
+}

@@ -73,6 +73,7 @@ impl Bpf {
             .override_global("NEWTASK_PID_OFFSET", &extra.newtask_pid_offset, true)
             .override_global("NEWTASK_FLAGS_OFFSET", &extra.newtask_flags_offset, true)
             .override_global("TIMELINE", &u32::from(extra.timeline), true)
+            .override_global("FILTER_TGIDS", &u32::from(!extra.every_process()), true)
             .map_max_entries("TIMELINE_EVENTS", extra.timeline_ring_bytes())
             .override_global("KSLOTS", &kslots, true)
             .override_global("SOFTIRQ_PROBE", &plan.softirq_probe, true)

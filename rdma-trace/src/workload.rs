@@ -17,7 +17,10 @@ use aya::{
 use rdma_trace_common::workload::{PROC_KEY_SLOT, TIMELINE_RING_BYTES, WL_ALL, WL_OFF, WL_TREE};
 use serde::Serialize;
 
-use crate::bpf::{Bpf, chain};
+use crate::{
+    bpf::{Bpf, chain},
+    error::Unsupported,
+};
 
 /// Load-time configuration of the workload and timeline programs (globals of the eBPF object).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +55,11 @@ impl Extra {
         } else {
             4096
         }
+    }
+
+    /// `--all`: the user-space probes count every process too.
+    pub fn every_process(&self) -> bool {
+        self.workload == WL_ALL
     }
 
     /// Trace the processes of `target`; offsets of `task:task_newtask` from tracefs.
@@ -95,10 +103,13 @@ fn newtask_offsets() -> Result<(u32, u32)> {
     let text = TRACEFS
         .iter()
         .find_map(|d| std::fs::read_to_string(format!("{d}/events/task/task_newtask/format")).ok())
-        .context(
-            "the tracepoint task:task_newtask is not readable (is tracefs mounted at /sys/kernel/tracing?): \
-             it is how children of the traced processes are followed",
-        )?;
+        .ok_or_else(|| {
+            anyhow!(Unsupported(
+                "the tracepoint task:task_newtask is not readable (mount tracefs: mount -t tracefs \
+                 tracefs /sys/kernel/tracing): it is how children of the traced processes are followed"
+                    .to_owned()
+            ))
+        })?;
     let pid = format_offset(&text, "pid").context("task_newtask format: no pid field")?;
     let flags =
         format_offset(&text, "clone_flags").context("task_newtask format: no clone_flags field")?;
@@ -129,6 +140,7 @@ pub fn attach(bpf: &mut Bpf, extra: &Extra) -> Result<()> {
     }
     if extra.workload == WL_TREE {
         bpf.attach_tracepoint("task_newtask", "task", "task_newtask")?;
+        bpf.attach_raw_tracepoint("proc_exit", "sched_process_exit")?;
     }
     bpf.attach_raw_tracepoint("proc_exec", "sched_process_exec")
 }
@@ -239,15 +251,80 @@ pub fn resolve_command(name: &str) -> Result<PathBuf> {
         })
 }
 
+/// Output kept per stream of a CMD whose output is held back (the live screen owns the terminal).
+const KEPT_OUTPUT: usize = 64 * 1024;
+
+/// A CMD's stdout and stderr, held back while the live screen is up; the last 64 KiB of each.
+pub struct HeldOutput {
+    out: tokio::task::JoinHandle<String>,
+    err: tokio::task::JoinHandle<String>,
+}
+
+impl HeldOutput {
+    /// What CMD wrote, once it has exited.
+    pub async fn take(self) -> (String, String) {
+        (
+            self.out.await.unwrap_or_default(),
+            self.err.await.unwrap_or_default(),
+        )
+    }
+}
+
+async fn keep_tail(mut r: impl tokio::io::AsyncRead + Unpin) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = r.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        kept.extend_from_slice(&buf[..n]);
+        if kept.len() > 2 * KEPT_OUTPUT {
+            kept.drain(..kept.len() - KEPT_OUTPUT);
+        }
+    }
+    if kept.len() > KEPT_OUTPUT {
+        kept.drain(..kept.len() - KEPT_OUTPUT);
+    }
+    String::from_utf8_lossy(&kept).into_owned()
+}
+
 /// Start CMD (its program already resolved). Its own children are traced from their fork on;
-/// CMD itself is the tracer's next child, which `task_newtask` adopts.
-pub fn spawn(program: &Path, cmd: &[String]) -> Result<tokio::process::Child> {
-    tokio::process::Command::new(program)
+/// CMD itself is the tracer's next child, which `task_newtask` adopts. With `hold`, CMD gets no
+/// terminal: no stdin, and its output is kept for later.
+pub fn spawn(
+    program: &Path,
+    cmd: &[String],
+    hold: bool,
+) -> Result<(tokio::process::Child, Option<HeldOutput>)> {
+    let io = || {
+        if hold {
+            Stdio::piped()
+        } else {
+            Stdio::inherit()
+        }
+    };
+    let mut child = tokio::process::Command::new(program)
+        .arg0(&cmd[0])
         .args(&cmd[1..])
-        .stdin(Stdio::inherit())
+        .stdin(if hold {
+            Stdio::null()
+        } else {
+            Stdio::inherit()
+        })
+        .stdout(io())
+        .stderr(io())
         .kill_on_drop(true)
         .spawn()
-        .with_context(|| format!("could not start {}", cmd[0]))
+        .with_context(|| format!("could not start {}", cmd[0]))?;
+    let held = match (child.stdout.take(), child.stderr.take()) {
+        (Some(out), Some(err)) => Some(HeldOutput {
+            out: tokio::spawn(keep_tail(out)),
+            err: tokio::spawn(keep_tail(err)),
+        }),
+        _ => None,
+    };
+    Ok((child, held))
 }
 
 /// One traced process and what it counted.

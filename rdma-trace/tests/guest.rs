@@ -13,6 +13,9 @@ use serde_json::Value;
 
 const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
 
+#[path = "guest/workload.rs"]
+mod workload;
+
 /// Index of the RoCE v2 GID of `dev` that maps IPv4 address `ip` (from sysfs).
 fn roce_v2_gid_index(dev: &str, ip: [u8; 4]) -> u32 {
     let want = format!(

@@ -124,6 +124,8 @@ struct Report {
     /// Per-event waterfall records (`--sample N`), every phase.
     #[serde(skip_serializing_if = "Option::is_none")]
     waterfall_samples: Option<Vec<waterfall::SampleRecord>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeline: Option<crate::timeline::Summary>,
 }
 
 #[derive(Serialize)]
@@ -144,6 +146,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     if let Some(target) = workload::target(args) {
         return workload::run(args, target).await;
     }
+    let timeline_file = workload::timeline_file(args)?;
     check_privileges()?;
     let kernel = Kernel::live();
     // No RDMA device, but Soft-RoCE can be had: a temporary rxe device, removed on the way out.
@@ -159,14 +162,17 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     };
     let (server, client) = pick_devices(&kernel.rdma_devices(), args)?;
     let demo = demo_binary(args.demo.as_deref())?;
-    let session = Session::start(
+    let extra = workload::demo_extra(timeline_file.is_some());
+    let mut session = Session::start_with(
         &kernel,
         PROBES,
         Options {
             all_drivers: args.all_drivers,
             uprobes: args.uprobes,
         },
+        &extra,
     )?;
+    let timeline = workload::start(&mut session, &extra, timeline_file, args)?;
     eprintln!(
         "rdma-trace: server {server}, client {client}; probes:\n{}",
         session.attach_table()
@@ -266,6 +272,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     if interrupted {
         failure = Some(130);
     }
+    let timeline = workload::finish_timeline(&mut session, timeline, args)?;
     drop(session); // detach every probe before the summary
     let waterfall_samples = wf.as_mut().map(|w| waterfall::records(w.samples()));
     drop(wf);
@@ -281,6 +288,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             size: args.size,
             phases,
             waterfall_samples: (args.sample > 0).then_some(waterfall_samples).flatten(),
+            timeline,
         };
         write_json(path, &report)?;
     }

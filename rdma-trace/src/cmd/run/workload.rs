@@ -21,7 +21,7 @@ use crate::{
     probes::PROBES,
     report::{ProbeReport, probe_reports, render},
     session::Session,
-    timeline::{self, Timeline},
+    timeline,
     tui::{Live, Progress, Sample, Source},
     workload::{self, Extra, ProcessCounts, Target},
 };
@@ -72,6 +72,81 @@ struct ProcessReport {
     calls: BTreeMap<&'static str, u64>,
 }
 
+/// `--timeline` while a run lasts: the file (opened before anything is attached) and the
+/// thread that drains the records.
+pub struct TimelineRun {
+    file: std::fs::File,
+    recorder: timeline::Recorder,
+}
+
+/// Open the `--timeline` file, if any: before anything is attached, so a bad path costs nothing.
+pub fn timeline_file(args: &Args) -> Result<Option<std::fs::File>> {
+    args.timeline
+        .as_deref()
+        .map(timeline::create_file)
+        .transpose()
+}
+
+/// Configuration of the demo runs: with `--timeline`, rdma-trace's children (the demo) are
+/// followed so that the timeline names their threads.
+pub fn demo_extra(timeline: bool) -> Extra {
+    if !timeline {
+        return Extra::default();
+    }
+    Extra::for_target(&Target::Command(Vec::new()), true).unwrap_or(Extra {
+        timeline: true,
+        ..Extra::default()
+    })
+}
+
+/// Attach the workload programs `extra` asks for and start draining the timeline records.
+pub fn start(
+    session: &mut Session,
+    extra: &Extra,
+    file: Option<std::fs::File>,
+    args: &Args,
+) -> Result<Option<TimelineRun>> {
+    workload::attach(session.bpf_mut(), extra)?;
+    let Some(file) = file else {
+        return Ok(None);
+    };
+    let cfg = timeline::Config::new(
+        &session.plan,
+        args.timeline_sample,
+        args.timeline_max_events,
+    );
+    Ok(Some(TimelineRun {
+        file,
+        recorder: timeline::Recorder::start(session.bpf_mut(), cfg)?,
+    }))
+}
+
+/// Detach everything, then write the timeline with the names of the traced processes.
+pub fn finish_timeline(
+    session: &mut Session,
+    run: Option<TimelineRun>,
+    args: &Args,
+) -> Result<Option<timeline::Summary>> {
+    let (Some(run), Some(path)) = (run, &args.timeline) else {
+        return Ok(None);
+    };
+    session.bpf_mut().detach_all();
+    let names = workload::read_processes(session.bpf().ebpf())?
+        .into_values()
+        .map(|p| (p.pid, p.comm))
+        .collect();
+    let summary = run.recorder.finish(&names)?.write(run.file, path)?;
+    println!("{}", summary_line(&summary));
+    Ok(Some(summary))
+}
+
+fn summary_line(s: &timeline::Summary) -> String {
+    format!(
+        "timeline: {} ({} completions, {} slices, {} events; {} records, {} lost in the kernel, {} left out by --timeline-max-events); open it in https://ui.perfetto.dev",
+        s.path, s.completions, s.slices, s.events, s.records, s.lost, s.left_out
+    )
+}
+
 /// Processes listed by `--all` (the busiest).
 const ALL_LISTED: usize = 20;
 
@@ -91,10 +166,7 @@ fn preflight(args: &Args, target: &Target) -> Result<Option<std::fs::File>> {
         }
         Target::All => {}
     }
-    args.timeline
-        .as_deref()
-        .map(timeline::create_file)
-        .transpose()
+    timeline_file(args)
 }
 
 pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
@@ -111,24 +183,13 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         },
         &extra,
     )?;
-    workload::attach(session.bpf_mut(), &extra)?;
+    let recorder = start(&mut session, &extra, timeline_file, args)?;
     let mut watched = Vec::new();
     if let Target::Pids(pids) = &target {
         for &p in pids {
             watched.extend(workload::watch_running(session.bpf_mut(), p)?);
         }
     }
-    let recorder = match &timeline_file {
-        Some(_) => {
-            let cfg = timeline::Config::new(
-                &session.plan,
-                args.timeline_sample,
-                args.timeline_max_events,
-            );
-            Some(timeline::Recorder::start(session.bpf_mut(), cfg)?)
-        }
-        None => None,
-    };
     let label = match &target {
         Target::Command(cmd) => cmd.join(" "),
         Target::Pids(p) => format!(
@@ -156,12 +217,13 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         args.interval,
         json_on_stdout,
     );
-    let mut child = match &target {
+    let (mut child, held) = match &target {
         Target::Command(cmd) => {
             let program = workload::resolve_command(&cmd[0])?;
-            Some(workload::spawn(&program, cmd)?)
+            let (c, held) = workload::spawn(&program, cmd, live.is_screen())?;
+            (Some(c), held)
         }
-        _ => None,
+        _ => (None, None),
     };
     let (window, probes, overhead) = {
         let mut src = WorkloadSource::new(
@@ -185,11 +247,16 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         false
     };
     live.close();
+    if let Some(h) = held {
+        let (out, err) = h.take().await;
+        print!("{out}");
+        eprint!("{err}");
+    }
     let processes = process_reports(&session, &target)?;
-    let timeline_summary = match (recorder, timeline_file, &args.timeline) {
-        (Some(r), Some(file), Some(path)) => {
-            let tl: Timeline = r.finish(&processes_names(&processes))?;
-            Some(tl.write(file, path)?)
+    let timeline = match (recorder, &args.timeline) {
+        (Some(r), Some(path)) => {
+            let tl = r.recorder.finish(&processes_names(&processes))?;
+            Some(tl.write(r.file, path)?)
         }
         _ => None,
     };
@@ -236,11 +303,8 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
     if let Some(w) = &waterfall {
         print!("\n{}", crate::waterfall::model::render_report(w));
     }
-    if let Some(s) = &timeline_summary {
-        println!(
-            "timeline: {} ({} completions, {} slices, {} events; {} records, {} lost) — open it in https://ui.perfetto.dev",
-            s.path, s.completions, s.slices, s.events, s.records, s.lost
-        );
+    if let Some(s) = &timeline {
+        println!("{}", summary_line(s));
     }
     if let Some(path) = &args.json {
         write_json(
@@ -253,13 +317,14 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
                 probes,
                 processes,
                 overhead,
-                timeline: timeline_summary,
+                timeline,
                 waterfall,
                 waterfall_samples,
             },
         )?;
     }
-    if interrupted || window.interrupted() {
+    // Ctrl-C is how `--all` and `--pid` are meant to end; a CMD it cuts short.
+    if (interrupted || window.interrupted()) && matches!(target, Target::Command(_)) {
         return Ok(Some(130));
     }
     if window.ended_by == "exited" {
