@@ -14,6 +14,7 @@ mod output;
 mod overhead;
 mod plan;
 mod probes;
+mod programs;
 mod report;
 mod session;
 mod signals;

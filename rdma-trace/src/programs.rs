@@ -1,0 +1,125 @@
+//! The eBPF object and the loader must agree on the programs: every program a loader path can
+//! attach exists in the object, and every program of the object belongs to a loader path. The
+//! numbered families (`kslot!` pairs, `cq_probe!`) are kept in step with their constants
+//! (`MAX_KSLOTS`, `CQ_FUNCTIONS`) by hand in the eBPF crate: this test is what catches a line
+//! added or removed on one side only.
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _, SymbolKind};
+    use rdma_trace_common::{MAX_KSLOTS, cq::CQ_FUNCTIONS};
+
+    use crate::bpf::OBJECT;
+
+    /// Section prefixes of BPF programs (aya's naming).
+    const PROGRAM_SECTIONS: &[&str] = &[
+        "kprobe",
+        "kretprobe",
+        "fentry",
+        "fexit",
+        "raw_tp",
+        "raw_tracepoint",
+        "tracepoint",
+        "tp_btf",
+        "uprobe",
+        "uretprobe",
+    ];
+
+    /// Programs with a fixed name, and the loader path that attaches each.
+    const FIXED: &[(&str, &str)] = &[
+        ("softirq_entry", "bpf.rs: softirq probes"),
+        ("softirq_exit", "bpf.rs: softirq probes"),
+        ("irq_handler_entry", "bpf.rs: IRQ probes"),
+        ("irq_handler_exit", "bpf.rs: IRQ probes"),
+        ("napi_poll", "bpf.rs: NAPI probe"),
+        ("uentry", "bpf.rs: user-space probes"),
+        ("ureturn", "bpf.rs: user-space probes"),
+        ("verify_sys_enter", "cmd/verify.rs"),
+        ("verify_sys_exit", "cmd/verify.rs"),
+        ("cal_kprobe", "calibrate.rs"),
+        ("cal_kretprobe", "calibrate.rs"),
+        ("cal_raw_tp", "calibrate.rs"),
+        ("cal_fentry", "calibrate.rs"),
+        ("proc_exec", "workload.rs"),
+        ("proc_exit", "workload.rs"),
+        ("task_newtask", "workload.rs"),
+        ("wf_handler_entry", "waterfall"),
+        ("wf_handler_return", "waterfall"),
+        ("wf_mlx5_cq_comp", "waterfall"),
+        ("wf_queue_init", "waterfall"),
+        ("wf_read_entry", "waterfall"),
+        ("wf_read_return", "waterfall"),
+        ("wf_rxe_arm", "waterfall"),
+        ("wf_rxe_cq_post", "waterfall"),
+        ("wf_sched_switch", "waterfall"),
+        ("wf_sched_waking", "waterfall"),
+    ];
+
+    /// Names of the program symbols in the embedded object.
+    fn object_programs() -> BTreeSet<String> {
+        let file = object::File::parse(OBJECT).expect("the embedded eBPF object parses");
+        file.symbols()
+            .filter(|s| s.kind() == SymbolKind::Text && s.is_global())
+            .filter(|s| {
+                let Some(index) = s.section_index() else {
+                    return false;
+                };
+                let Ok(section) = file.section_by_index(index) else {
+                    return false;
+                };
+                let name = section.name().unwrap_or_default();
+                let family = name.split('/').next().unwrap_or_default();
+                PROGRAM_SECTIONS.contains(&family)
+            })
+            .map(|s| s.name().expect("symbol name").to_owned())
+            .collect()
+    }
+
+    /// What the loader can attach: the numbered families from their constants, plus the
+    /// fixed names.
+    fn loader_programs() -> BTreeSet<String> {
+        let mut want = BTreeSet::new();
+        for n in 0..MAX_KSLOTS {
+            for family in ["kentry", "kreturn", "fentry", "fexit"] {
+                want.insert(format!("{family}_{n}"));
+            }
+        }
+        for i in 0..CQ_FUNCTIONS.len() {
+            want.insert(format!("cq_{i}"));
+        }
+        want.extend(FIXED.iter().map(|(p, _)| (*p).to_owned()));
+        want
+    }
+
+    #[test]
+    fn the_object_has_every_program_the_loader_can_attach() {
+        let have = object_programs();
+        let missing: Vec<_> = loader_programs().difference(&have).cloned().collect();
+        assert!(
+            missing.is_empty(),
+            "programs the loader attaches but the eBPF object lacks (a kslot!/cq_probe! line \
+             removed, or a constant raised without one): {missing:?}"
+        );
+    }
+
+    #[test]
+    fn no_program_of_the_object_is_left_over() {
+        let want = loader_programs();
+        let extra: Vec<_> = object_programs().difference(&want).cloned().collect();
+        assert!(
+            extra.is_empty(),
+            "programs in the eBPF object that no loader path attaches (add them to the table, \
+             a constant or FIXED here, or remove them): {extra:?}"
+        );
+    }
+
+    #[test]
+    fn the_object_is_read_for_real() {
+        // Guards the two tests above against passing on an empty list.
+        let have = object_programs();
+        assert!(have.contains("kentry_0") && have.contains("wf_sched_switch"));
+        assert!(have.len() >= 4 * MAX_KSLOTS as usize + CQ_FUNCTIONS.len());
+    }
+}
