@@ -39,7 +39,8 @@ use crate::error::{Unsupported, exit};
                   that runs until stopped); 1 failure; 2 bad usage; 3 the kernel or privileges lack what \
                   a probe needs (no kprobes, no such function, not root); 4 `verify` saw a socket syscall \
                   in the data phase; 5 the bundled rdma-demo of `run` or `verify` failed (its own status \
-                  is printed); 129, 130, 143 `run` or `verify` stopped by SIGHUP, SIGINT, SIGTERM. With \
+                  is printed); 129, 130, 143 stopped by SIGHUP, SIGINT, SIGTERM (`run` and `verify` at any \
+                  time, the others while they set up). With \
                   a COMMAND (`funclat -- COMMAND`), a command that fails makes rdma-trace exit with its \
                   status.\n\n\
                   Examples:\n  sudo rdma-trace run --mode both --json report.json\n  \

@@ -152,6 +152,8 @@ pub async fn run(args: &Args) -> Result<()> {
             "no CQ-path function could be probed (see above)".to_owned()
         )));
     }
+    // A stop signal while attaching: detach again before going on.
+    crate::signals::check()?;
     let mut ring = RingBuf::try_from(
         bpf.ebpf_mut()
             .take_map("CQ_EVENTS")

@@ -467,33 +467,33 @@ async fn run_demo(
     let json = dir.path().join("demo.json");
     let mode_arg = if mode == Mode::Event { "event" } else { "poll" };
     let mut cmd = tokio::process::Command::new(demo);
-    cmd.args([
-        "pingpong",
-        "--loopback",
-        "--port",
-        "0",
-        "-d",
-        client,
-        "--server-device",
-        server,
-    ])
-    .args([
-        "--mode",
-        mode_arg,
-        "-i",
-        &args.iterations.to_string(),
-        "-S",
-        &args.size.to_string(),
-    ])
-    .arg("--json")
-    .arg(&json)
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .kill_on_drop(true);
     // A SIGKILL of rdma-trace ends the demo too.
     signals::die_with_parent(&mut cmd, libc::SIGKILL);
     let mut child = cmd
+        .args([
+            "pingpong",
+            "--loopback",
+            "--port",
+            "0",
+            "-d",
+            client,
+            "--server-device",
+            server,
+        ])
+        .args([
+            "--mode",
+            mode_arg,
+            "-i",
+            &args.iterations.to_string(),
+            "-S",
+            &args.size.to_string(),
+        ])
+        .arg("--json")
+        .arg(&json)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("could not start {}", demo.display()))?;
     if let Some(pid) = child.id() {

@@ -63,6 +63,16 @@ fn private_dirs() -> Vec<PathBuf> {
         .collect()
 }
 
+/// Pids of running processes whose comm is `name`.
+fn processes_named(name: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
 fn rdmatrace0_exists() -> bool {
     Path::new("/sys/class/infiniband/rdmatrace0").exists()
 }
@@ -210,12 +220,23 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
             let stderr = stderr.join().unwrap();
             let removed =
                 stderr.contains("removed the leftover temporary Soft-RoCE device rdmatrace0");
-            assert_eq!(
-                removed, leftover,
-                "{case}: the run must remove (and name) a leftover device exactly when there is one:\n{stderr}"
+            assert!(
+                !removed || leftover,
+                "{case}: said it removed a device that was not there:\n{stderr}"
+            );
+            // A run killed before it got that far (SIGKILL at 0.1 s) leaves the removal to the
+            // next one; a run that went on must have removed it first.
+            assert!(
+                !leftover || removed || !stderr.contains("created the temporary"),
+                "{case}: went on without removing the leftover device:\n{stderr}"
             );
             if sig == libc::SIGKILL {
                 assert_eq!(status.signal(), Some(libc::SIGKILL), "{case}");
+                // An `rdma link add` it had started runs on and may still make the device.
+                eventually(&format!("{case}: rdma (iproute2) still running"), || {
+                    let r = processes_named("rdma");
+                    (!r.is_empty()).then(|| format!("{r:?}"))
+                });
                 leftover = rdmatrace0_exists();
             } else if !caught && status.signal() == Some(sig) {
                 // Not yet in main (exec from the 9p workspace is slow under TCG): nothing was
