@@ -217,8 +217,24 @@ fn send_lat_server(iters: u32, port: u16) -> std::process::Child {
 
 #[test]
 fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
-    let (iters, port) = (300, 18_605);
+    // The pair runs first and rdma-trace attaches to the server in the middle of it: the 6.12
+    // guest's ib_send_lat -e stalls when its client connects seconds after the server started
+    // (without rdma-trace too), and attaching takes longer than that.
+    let (iters, port) = (60_000, 18_605);
     let mut server = send_lat_server(iters, port);
+    let (g0, _) = gids();
+    let mut client = Command::new("ib_send_lat")
+        .args(["-F", "-e", "-u", "20", "-d", "rxe0", "-x", &g0])
+        .args([
+            "-n",
+            &iters.to_string(),
+            "-p",
+            &port.to_string(),
+            "10.9.0.2",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("run the ib_send_lat client");
     let json = temp_json("pid");
     let mut tracer = Command::new(RDMA_TRACE)
         .args(["run", "--no-tui", "--json", json.to_str().unwrap()])
@@ -229,25 +245,7 @@ fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
         .expect("start rdma-trace");
     // Attached once it says what it traces.
     let mut err = wait_tracing(&mut tracer);
-    let (g0, _) = gids();
-    let mut client = Command::new("ib_send_lat")
-        .args([
-            "-F",
-            "-e",
-            "-u",
-            "20",
-            "-d",
-            "rxe0",
-            "-x",
-            &g0,
-            "-n",
-            &iters.to_string(),
-        ])
-        .args(["-p", &port.to_string(), "10.9.0.2"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("run the ib_send_lat client");
-    let client = wait_timeout(&mut client, Duration::from_secs(180));
+    let client = wait_timeout(&mut client, Duration::from_secs(900));
     assert!(client.success(), "client: {client}");
     assert!(wait_timeout(&mut server, Duration::from_secs(30)).success());
     // The server exited: the run ends, non-zero, saying so in one line.
@@ -266,7 +264,7 @@ fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
     assert_eq!(traced.len(), 1, "{}", report["processes"]);
     assert_eq!(traced[0]["pid"], server.id());
     let read = traced[0]["completion_events_read"].as_u64().unwrap();
-    assert!(read >= u64::from(iters), "server read {read} events");
+    assert!(read >= 100, "server read {read} events");
     assert!(probe_count(&report, "ib_uverbs_comp_handler") >= read);
 }
 
