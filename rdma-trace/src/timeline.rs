@@ -94,6 +94,9 @@ pub struct Summary {
     /// Sampled completions in the file.
     pub completions: usize,
     pub slices: usize,
+    /// Slices on tracks (B events): each slice is on its CPU's track and on its thread's, unless
+    /// it would overlap another slice there without nesting.
+    pub track_slices: usize,
     /// Trace events written (metadata excluded).
     pub events: usize,
     /// Records received from the kernel.
@@ -480,6 +483,7 @@ impl Timeline {
     /// Write the Chrome trace-event JSON to `file` (opened by [`create_file`] as `path`).
     pub fn write(&self, mut file: File, path: &Path) -> Result<Summary> {
         let (events, slices) = self.events();
+        let track_slices = events.iter().filter(|e| e["ph"] == "B").count();
         let n = events.iter().filter(|e| e["ph"] != "M").count();
         let doc = json!({
             "traceEvents": events,
@@ -501,6 +505,7 @@ impl Timeline {
             path: path.display().to_string(),
             completions: self.completions,
             slices,
+            track_slices,
             events: n,
             records: self.records,
             lost: self.lost,

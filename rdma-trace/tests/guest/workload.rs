@@ -198,6 +198,8 @@ fn send_lat_server(iters: u32, port: u16) -> std::process::Child {
         .args([
             "-F",
             "-e",
+            "-u",
+            "20",
             "-d",
             "rxe1",
             "-x",
@@ -215,8 +217,24 @@ fn send_lat_server(iters: u32, port: u16) -> std::process::Child {
 
 #[test]
 fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
-    let (iters, port) = (300, 18_605);
+    // The pair runs first and rdma-trace attaches to the server in the middle of it: the 6.12
+    // guest's ib_send_lat -e stalls when its client connects seconds after the server started
+    // (without rdma-trace too), and attaching takes longer than that.
+    let (iters, port) = (60_000, 18_605);
     let mut server = send_lat_server(iters, port);
+    let (g0, _) = gids();
+    let mut client = Command::new("ib_send_lat")
+        .args(["-F", "-e", "-u", "20", "-d", "rxe0", "-x", &g0])
+        .args([
+            "-n",
+            &iters.to_string(),
+            "-p",
+            &port.to_string(),
+            "10.9.0.2",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("run the ib_send_lat client");
     let json = temp_json("pid");
     let mut tracer = Command::new(RDMA_TRACE)
         .args(["run", "--no-tui", "--json", json.to_str().unwrap()])
@@ -227,23 +245,7 @@ fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
         .expect("start rdma-trace");
     // Attached once it says what it traces.
     let mut err = wait_tracing(&mut tracer);
-    let (g0, _) = gids();
-    let mut client = Command::new("ib_send_lat")
-        .args([
-            "-F",
-            "-e",
-            "-d",
-            "rxe0",
-            "-x",
-            &g0,
-            "-n",
-            &iters.to_string(),
-        ])
-        .args(["-p", &port.to_string(), "10.9.0.2"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("run the ib_send_lat client");
-    let client = wait_timeout(&mut client, Duration::from_secs(180));
+    let client = wait_timeout(&mut client, Duration::from_secs(900));
     assert!(client.success(), "client: {client}");
     assert!(wait_timeout(&mut server, Duration::from_secs(30)).success());
     // The server exited: the run ends, non-zero, saying so in one line.
@@ -262,7 +264,7 @@ fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
     assert_eq!(traced.len(), 1, "{}", report["processes"]);
     assert_eq!(traced[0]["pid"], server.id());
     let read = traced[0]["completion_events_read"].as_u64().unwrap();
-    assert!(read >= u64::from(iters), "server read {read} events");
+    assert!(read >= 100, "server read {read} events");
     assert!(probe_count(&report, "ib_uverbs_comp_handler") >= read);
 }
 
@@ -403,7 +405,12 @@ fn timeline_of_an_event_pair_is_valid_nested_and_bounded() {
         serde_json::from_slice(&std::fs::read(&path).expect("timeline file")).expect("JSON");
     let slices = check_trace_events(&doc);
     let summary = &report["timeline"];
-    assert_eq!(summary["slices"].as_u64().unwrap() * 2, slices.len() as u64);
+    assert_eq!(
+        summary["track_slices"].as_u64().unwrap(),
+        slices.len() as u64
+    );
+    let distinct = summary["slices"].as_u64().unwrap();
+    assert!(distinct * 2 >= slices.len() as u64 && distinct * 19 / 10 <= slices.len() as u64);
     assert!(summary["completions"].as_u64().unwrap() >= 10, "{summary}");
     let names: Vec<&str> = slices.iter().map(|(n, _, _)| n.as_str()).collect();
     for want in ["ib_uverbs_comp_handler", "rxe_cq_post", "softirq NET_RX"] {
@@ -485,7 +492,7 @@ fn timeline_of_the_demo_run_names_the_demo_threads() {
     assert!(slices.iter().any(|(n, _, _)| n == "ib_uverbs_comp_handler"));
     let report = read_json(&json);
     assert_eq!(
-        report["timeline"]["slices"].as_u64().unwrap() * 2,
+        report["timeline"]["track_slices"].as_u64().unwrap(),
         slices.len() as u64
     );
     assert!(
