@@ -254,7 +254,10 @@ mod tests {
             "new program counts from 0"
         );
         assert!(o.loader_cpu_percent > 0.0, "{}", o.loader_cpu_percent);
-        assert!(u1.cpu >= u0.cpu + Duration::from_millis(30), "the burn used CPU");
+        assert!(
+            u1.cpu >= u0.cpu + Duration::from_millis(30),
+            "the burn used CPU"
+        );
         assert!(o.loader_peak_rss_kib > 0);
         assert!(o.bpf_cpu_percent > 0.0);
         let text = o.render();
