@@ -2,8 +2,6 @@
 //! module's split BTF (`/sys/kernel/btf/<module>`, whose type ids and string offsets continue
 //! the base's).
 
-use std::collections::HashMap;
-
 use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -153,14 +151,10 @@ impl Btf {
     /// Byte offset of `member` in `struct name`, looking into anonymous structs and unions.
     pub fn member_offset(&self, name: &str, member: &str) -> Result<u32, BtfError> {
         // Structs with members win over declarations (a forward declaration has none).
-        let by_name: HashMap<&str, &Type> = self
+        let t = self
             .types
             .iter()
-            .filter(|t| t.kind == KIND_STRUCT && !t.members.is_empty())
-            .map(|t| (self.str(t.name), t))
-            .collect();
-        let t = by_name
-            .get(name)
+            .find(|t| t.kind == KIND_STRUCT && !t.members.is_empty() && self.str(t.name) == name)
             .ok_or_else(|| BtfError::NoStruct(name.to_owned()))?;
         self.find(t, member, 0)
             .map(|bits| bits / 8)
