@@ -239,7 +239,7 @@ fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
     let mut tracer = Command::new(RDMA_TRACE)
         .args(["run", "--no-tui", "--json", json.to_str().unwrap()])
         .args(["--pid", &server.id().to_string()])
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start rdma-trace");
@@ -247,9 +247,9 @@ fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
     let mut err = wait_tracing(&mut tracer);
     let client = wait_timeout(&mut client, Duration::from_secs(900));
     assert!(client.success(), "client: {client}");
-    assert!(wait_timeout(&mut server, Duration::from_secs(30)).success());
+    assert!(wait_timeout(&mut server, Duration::from_secs(120)).success());
     // The server exited: the run ends, non-zero, saying so in one line.
-    let status = wait_timeout(&mut tracer, Duration::from_secs(30));
+    let status = wait_timeout(&mut tracer, Duration::from_secs(120));
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
     assert_eq!(status.code(), Some(1), "{rest}");
