@@ -10,6 +10,10 @@ pub mod cq;
 
 pub mod syscalls;
 
+pub mod waterfall;
+
+pub mod workload;
+
 /// Probes one run can attach.
 pub const MAX_PROBES: u32 = 48;
 

@@ -13,7 +13,9 @@
 //! - user-space function duration (`uentry`/`ureturn`, uprobes; the probe id is the attach
 //!   cookie), counted only for the processes the loader puts in `TGIDS`.
 //!
-//! No per-event ring buffer: everything is aggregated here.
+//! No per-event ring buffer by default: everything is aggregated here. `--timeline` turns on
+//! a sample path (`timeline.rs`); `run -- CMD`, `--pid` and `--all` per-process counts
+//! (`workload.rs`).
 #![no_std]
 #![no_main]
 // For `core::intrinsics::atomic_xadd` (see `add_one`); the eBPF build already runs with
@@ -27,6 +29,12 @@ mod rare;
 
 mod syscalls;
 
+mod timeline;
+
+mod waterfall;
+
+mod workload;
+
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
@@ -37,6 +45,10 @@ use aya_ebpf::{
 use rdma_trace_common::{
     C_EVENTS, C_RECORDED, C_UNMATCHED, IntervalProbes, KSlot, MAX_INTERVALS, MAX_IRQS, MAX_KSLOTS,
     MAX_PROBES, NO_PROBE, NR_SOFTIRQS, ProbeRow, hist_slot,
+    workload::{
+        MAX_PROCS, TL_FUNC_ENTRY, TL_FUNC_RETURN, TL_IRQ_ENTRY, TL_IRQ_EXIT, TL_NAPI_POLL,
+        TL_SOFTIRQ_ENTRY, TL_SOFTIRQ_EXIT,
+    },
 };
 
 // ---- configuration, set by the loader before load (read-only for the programs)
@@ -79,9 +91,10 @@ static KSTART: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_KSLOTS, 0);
 /// the probed functions (ibv_get_cq_event) and may migrate.
 #[map]
 static USTART: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
-/// Processes the user-space probes watch (set by the loader once it has spawned them).
+/// Processes the user-space probes watch (set by the loader once it has spawned them), and the
+/// traced process tree of `run -- CMD` / `--pid` (see `workload.rs`).
 #[map]
-static TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(64, 0);
+static TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PROCS, 0);
 /// Start time of each interval (global: the end usually runs on another CPU and thread).
 #[map]
 static INTERVAL_START: Array<u64> = Array::with_max_entries(MAX_INTERVALS, 0);
@@ -130,6 +143,9 @@ fn add_one(p: *mut u64) {
 
 #[inline(always)]
 fn count(probe: u32, counter: u32) {
+    if counter == C_EVENTS {
+        workload::count_probe(probe);
+    }
     if let Some(row) = ROWS.get_ptr_mut(probe) {
         // SAFETY: `row` points to this CPU's value of a per-CPU array: only a reference to
         // the field is formed, and it is written through `add_one`.
@@ -168,6 +184,8 @@ fn now() -> u64 {
 fn kentry(slot: usize) -> u32 {
     let cfg: KSlot = config(&KSLOTS[slot]);
     let t = now();
+    timeline::emit(TL_FUNC_ENTRY, slot as u32, 0, t);
+    workload::count_call(slot as u32);
     if cfg.duration != NO_PROBE {
         count(cfg.duration, C_EVENTS);
         if let Some(p) = KSTART.get_ptr_mut(slot as u32) {
@@ -197,6 +215,7 @@ fn kentry(slot: usize) -> u32 {
 fn kreturn(slot: usize) -> u32 {
     let cfg: KSlot = config(&KSLOTS[slot]);
     let t = now();
+    timeline::emit(TL_FUNC_RETURN, slot as u32, 0, t);
     if cfg.duration != NO_PROBE {
         // SAFETY: this CPU's start slot, taken and cleared; see "recording" above.
         let start = KSTART
@@ -330,9 +349,11 @@ fn softirq_probe(ctx: &RawTracePointContext) -> Option<(u32, u32)> {
 pub fn softirq_entry(ctx: RawTracePointContext) -> i32 {
     if let Some((vec, probe)) = softirq_probe(&ctx) {
         count(probe, C_EVENTS);
+        let t = now();
+        timeline::emit(TL_SOFTIRQ_ENTRY, vec, 0, t);
         if let Some(p) = SOFTIRQ_START.get_ptr_mut(vec) {
             // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
-            unsafe { *p = now() };
+            unsafe { *p = t };
         }
     }
     0
@@ -343,10 +364,12 @@ pub fn softirq_exit(ctx: RawTracePointContext) -> i32 {
     if let Some((vec, probe)) = softirq_probe(&ctx)
         && let Some(p) = SOFTIRQ_START.get_ptr_mut(vec)
     {
+        let t = now();
+        timeline::emit(TL_SOFTIRQ_EXIT, vec, 0, t);
         // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
         let start = unsafe { core::mem::replace(&mut *p, 0) };
         if start != 0 {
-            record(probe, now().saturating_sub(start));
+            record(probe, t.saturating_sub(start));
         } else {
             count(probe, C_UNMATCHED);
         }
@@ -367,9 +390,11 @@ fn irq_probe(ctx: &RawTracePointContext) -> Option<u32> {
 pub fn irq_handler_entry(ctx: RawTracePointContext) -> i32 {
     if let Some(probe) = irq_probe(&ctx) {
         count(probe, C_EVENTS);
+        let t = now();
+        timeline::emit(TL_IRQ_ENTRY, ctx.arg::<u64>(0) as u32, 0, t);
         if let Some(p) = IRQ_START.get_ptr_mut(0) {
             // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
-            unsafe { *p = now() };
+            unsafe { *p = t };
         }
     }
     0
@@ -380,10 +405,12 @@ pub fn irq_handler_exit(ctx: RawTracePointContext) -> i32 {
     if let Some(probe) = irq_probe(&ctx)
         && let Some(p) = IRQ_START.get_ptr_mut(0)
     {
+        let t = now();
+        timeline::emit(TL_IRQ_EXIT, ctx.arg::<u64>(0) as u32, 0, t);
         // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
         let start = unsafe { core::mem::replace(&mut *p, 0) };
         if start != 0 {
-            record(probe, now().saturating_sub(start));
+            record(probe, t.saturating_sub(start));
         } else {
             count(probe, C_UNMATCHED);
         }
@@ -399,6 +426,7 @@ pub fn napi_poll(ctx: RawTracePointContext) -> i32 {
     if probe != NO_PROBE {
         count(probe, C_EVENTS);
         let work: u64 = ctx.arg(1);
+        timeline::emit(TL_NAPI_POLL, 0, (work & 0xFFFF_FFFF) as u32, now());
         record(probe, work & 0xFFFF_FFFF);
     }
     0

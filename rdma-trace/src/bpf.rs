@@ -21,6 +21,7 @@ use crate::{
     overhead::{ProgramStat, RunTimeStats},
     plan::{Decision, Plan},
     probes::{Method, Shape},
+    workload::Extra,
 };
 
 /// The eBPF object built by `cargo xtask build-ebpf` (see build.rs).
@@ -60,10 +61,22 @@ impl Bpf {
     /// Load the object with the plan's configuration (creates the maps; programs are loaded
     /// when attached).
     pub fn load(plan: &Plan) -> Result<Self> {
+        Self::load_with(plan, &Extra::default())
+    }
+
+    /// [`Bpf::load`], with the workload and timeline configuration of `extra`.
+    pub fn load_with(plan: &Plan, extra: &Extra) -> Result<Self> {
         raise_memlock();
         let stats = RunTimeStats::enable();
         let kslots = plan.kslots();
         let ebpf = EbpfLoader::new()
+            .override_global("WORKLOAD", &extra.workload, true)
+            .override_global("TRACER_TGID", &extra.tracer_tgid, true)
+            .override_global("NEWTASK_PID_OFFSET", &extra.newtask_pid_offset, true)
+            .override_global("NEWTASK_FLAGS_OFFSET", &extra.newtask_flags_offset, true)
+            .override_global("TIMELINE", &u32::from(extra.timeline), true)
+            .override_global("FILTER_TGIDS", &u32::from(!extra.every_process()), true)
+            .map_max_entries("TIMELINE_EVENTS", extra.timeline_ring_bytes())
             .override_global("KSLOTS", &kslots, true)
             .override_global("SOFTIRQ_PROBE", &plan.softirq_probe, true)
             .override_global("NAPI_PROBE", &plan.napi_probe, true)
@@ -379,7 +392,22 @@ impl Bpf {
         Outcome::Attached(Method::RawTracepoint)
     }
 
-    fn attach_raw_tracepoint(&mut self, prog: &str, name: &str) -> Result<()> {
+    /// Attach tracepoint program `prog` to `category:name` (needs tracefs).
+    pub fn attach_tracepoint(&mut self, prog: &str, category: &str, name: &str) -> Result<()> {
+        let p: &mut aya::programs::TracePoint = self.program(prog)?;
+        p.load()
+            .map_err(|e| anyhow!("loading {prog}: {}", chain(&e)))?;
+        p.attach(category, name).map_err(|e| {
+            anyhow!(
+                "attaching {prog} to tracepoint {category}:{name}: {}",
+                chain(&e)
+            )
+        })?;
+        self.attached_to(prog, &format!("tracepoint {category}:{name}"));
+        Ok(())
+    }
+
+    pub(crate) fn attach_raw_tracepoint(&mut self, prog: &str, name: &str) -> Result<()> {
         let p: &mut RawTracePoint = self.program(prog)?;
         p.load()
             .map_err(|e| anyhow!("loading {prog}: {}", chain(&e)))?;

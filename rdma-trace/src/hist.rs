@@ -119,6 +119,18 @@ impl Histogram {
         }
     }
 
+    /// Both histograms' counts together.
+    pub fn add(&self, other: &Histogram) -> Histogram {
+        Histogram {
+            slots: self
+                .slots
+                .iter()
+                .zip(&other.slots)
+                .map(|(a, b)| a + b)
+                .collect(),
+        }
+    }
+
     /// The counts added since `earlier` (a snapshot of the same probe).
     pub fn subtract(&self, earlier: &Histogram) -> Histogram {
         Histogram {
@@ -161,6 +173,20 @@ fn pow2_row(lo: u64) -> (u64, u64) {
 /// `1.5us`, `512ns`, `2.1ms`, `3.0s`, `inf`.
 pub fn human_ns(ns: u64) -> String {
     human_ns_f(ns as f64).replace(".0", "")
+}
+
+/// Bounds of power-of-two rows as bpftrace prints them: `[2us, 4us)` for [2048, 4096) ns
+/// (K = 1024), not `[2us, 4.1us)`; other values as [`human_ns`].
+pub fn pow2_label(ns: u64) -> String {
+    if ns == u64::MAX || !ns.is_power_of_two() || ns < 1024 {
+        return human_ns(ns);
+    }
+    let k = 63 - ns.leading_zeros();
+    match k {
+        10..=19 => format!("{}us", ns >> 10),
+        20..=29 => format!("{}ms", ns >> 20),
+        _ => format!("{}s", ns >> 30),
+    }
 }
 
 /// Like [`human_ns`] for fractional values, one decimal.
@@ -265,6 +291,23 @@ mod tests {
         let b = from_values([10, 20, 30, 40, 50]);
         assert_eq!(b.subtract(&a).count(), 2);
         assert_eq!(a.subtract(&b).count(), 0, "saturates");
+    }
+
+    #[test]
+    fn power_of_two_labels_read_like_bpftrace() {
+        assert_eq!(pow2_label(2048), "2us");
+        assert_eq!(pow2_label(4096), "4us");
+        assert_eq!(pow2_label(1 << 20), "1ms");
+        assert_eq!(pow2_label(1 << 31), "2s");
+        assert_eq!(pow2_label(512), "512ns");
+        assert_eq!(pow2_label(3000), "3us");
+        assert_eq!(pow2_label(u64::MAX), "inf");
+        let rows = from_values([3_000, 5_000, 70_000]).log2_rows();
+        let text = render_rows(&rows, 4, pow2_label);
+        assert!(
+            text.contains("[2us, 4us)") && text.contains("[64us, 128us)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -19,7 +19,10 @@ mod report;
 mod session;
 mod signals;
 mod softroce;
+mod timeline;
 mod tui;
+mod waterfall;
+mod workload;
 
 use std::{process::ExitCode, time::Duration};
 
@@ -69,10 +72,17 @@ enum Cmd {
                       rdma-demo pingpong --loopback --mode event"
     )]
     Funclat(cmd::funclat::Args),
-    /// Run the rdma-demo ping-pong as load and report every probe of the completion path.
+    /// Run the rdma-demo ping-pong (or any command, pids, the whole system) as load and report
+    /// every probe of the completion path.
     #[command(after_help = "Examples:\n  sudo rdma-trace run\n  \
                             sudo rdma-trace run --mode both -i 10000 -S 64 --json report.json\n  \
-                            sudo rdma-trace run -d mlx5_0 --mode poll")]
+                            sudo rdma-trace run -d mlx5_0 --mode poll\n  \
+                            sudo rdma-trace run --timeline trace.json -- ib_send_lat -e -d mlx5_0\n  \
+                            sudo rdma-trace run --pid 4242 --json out.json\n  \
+                            sudo rdma-trace run --all --duration 10\n\n\
+                            With a CMD, --pid or --all, the workload replaces the demo (--mode, -i, -S, \
+                            -d, --server-device, --demo do not apply). Open a --timeline file in \
+                            https://ui.perfetto.dev.")]
     Run(cmd::run::Args),
     /// Hard IRQ handlers of RDMA/NIC interrupts (count, duration, CPU spread) and NET_RX/TASKLET.
     #[command(after_help = "Examples:\n  sudo rdma-trace irq\n  \

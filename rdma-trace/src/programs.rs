@@ -42,6 +42,19 @@ mod tests {
         ("cal_kretprobe", "calibrate.rs"),
         ("cal_raw_tp", "calibrate.rs"),
         ("cal_fentry", "calibrate.rs"),
+        ("proc_exec", "workload.rs"),
+        ("proc_exit", "workload.rs"),
+        ("task_newtask", "workload.rs"),
+        ("wf_handler_entry", "waterfall"),
+        ("wf_handler_return", "waterfall"),
+        ("wf_mlx5_cq_comp", "waterfall"),
+        ("wf_queue_init", "waterfall"),
+        ("wf_read_entry", "waterfall"),
+        ("wf_read_return", "waterfall"),
+        ("wf_rxe_arm", "waterfall"),
+        ("wf_rxe_cq_post", "waterfall"),
+        ("wf_sched_switch", "waterfall"),
+        ("wf_sched_waking", "waterfall"),
     ];
 
     /// Names of the program symbols in the embedded object.
@@ -106,6 +119,7 @@ mod tests {
     fn the_object_is_read_for_real() {
         // Guards the two tests above against passing on an empty list.
         let have = object_programs();
+        assert!(have.contains("kentry_0") && have.contains("wf_sched_switch"));
         assert!(have.len() >= 4 * MAX_KSLOTS as usize + CQ_FUNCTIONS.len());
     }
 }

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::{
     bpf::{Outcome, ProbeData},
-    hist::{Bucket, Summary, human_ns, human_ns_f, plain},
+    hist::{Bucket, Summary, human_ns_f, plain},
     probes::{Driver, Unit},
     session::Session,
 };
@@ -112,7 +112,7 @@ pub fn render(reports: &[ProbeReport]) -> String {
     }
     for r in reports.iter().filter(|r| !r.log2.is_empty()) {
         let fmt: fn(u64) -> String = match r.unit {
-            Unit::Nanoseconds => human_ns,
+            Unit::Nanoseconds => crate::hist::pow2_label,
             Unit::Packets => plain,
         };
         let hist = crate::hist::render_rows(&r.log2, 40, fmt);

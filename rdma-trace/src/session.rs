@@ -13,6 +13,7 @@ use crate::{
     kernel::Kernel,
     plan::{self, Facts, Options, Plan},
     probes::ProbeDef,
+    workload::Extra,
 };
 
 pub struct Session {
@@ -24,9 +25,19 @@ pub struct Session {
 impl Session {
     /// Attach every probe of `defs` that this kernel allows. Fails when none attaches.
     pub fn start(kernel: &Kernel, defs: &[ProbeDef], opts: Options) -> Result<Self> {
+        Self::start_with(kernel, defs, opts, &Extra::default())
+    }
+
+    /// [`Session::start`] with the workload and timeline configuration of `extra`.
+    pub fn start_with(
+        kernel: &Kernel,
+        defs: &[ProbeDef],
+        opts: Options,
+        extra: &Extra,
+    ) -> Result<Self> {
         let facts = Facts::gather(kernel, defs);
         let plan = plan::plan(defs, &facts, opts);
-        let mut bpf = Bpf::load(&plan)?;
+        let mut bpf = Bpf::load_with(&plan, extra)?;
         let outcomes = bpf.attach(&plan)?;
         if !outcomes.iter().any(|o| matches!(o, Outcome::Attached(_))) {
             let reasons: Vec<String> = plan
@@ -62,6 +73,15 @@ impl Session {
             .filter(|(_, o)| matches!(o, Outcome::Attached(_)))
             .map(|(p, _)| p.id)
             .collect()
+    }
+
+    /// The loaded object (workload maps, timeline ring buffer, extra programs).
+    pub fn bpf(&self) -> &Bpf {
+        &self.bpf
+    }
+
+    pub fn bpf_mut(&mut self) -> &mut Bpf {
+        &mut self.bpf
     }
 
     /// Let the user-space probes count process `pid` (e.g. the demo, once spawned).

@@ -19,6 +19,8 @@ mod guest_drivers;
 mod guest_ebpf_log;
 #[path = "guest/hardening.rs"]
 mod hardening;
+#[path = "guest/workload.rs"]
+mod workload;
 
 /// Index of the RoCE v2 GID of `dev` that maps IPv4 address `ip` (from sysfs).
 fn roce_v2_gid_index(dev: &str, ip: [u8; 4]) -> u32 {
@@ -913,3 +915,6 @@ fn uprobes_time_the_demos_blocking_wait_when_asked() {
         .to_owned();
     assert!(skipped.contains("--uprobes"), "{skipped}");
 }
+
+#[path = "guest/waterfall.rs"]
+mod waterfall;

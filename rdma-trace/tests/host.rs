@@ -640,6 +640,8 @@ fn live_view_in_tmux_draws_counts_and_quits_on_q() {
     });
     assert!(screen.contains("q quit"), "{screen}");
     assert!(screen.contains("overhead: eBPF"), "{screen}");
+    // Under the table, the selected probe's latency heat map (its cells: tui::draw tests).
+    assert!(screen.contains(" over time (rows"), "{screen}");
     // Tab moves the selection: the pane title changes.
     tmux.cmd(&["send-keys", "-t", "t", "Tab"]);
     tmux.cmd(&["send-keys", "-t", "t", "q"]);

@@ -311,11 +311,17 @@ fn live_view_in_tmux() -> Result<Vec<String>> {
             let rest = &l[l.find("rxe_cq_post ")?..];
             rest.split_whitespace().nth(1)?.parse::<u64>().ok()
         });
-        if let Some(n) = count.filter(|&n| n > 0) {
+        // Counts, the completion waterfall pane and the heat map of the selected probe.
+        if let Some(n) = count.filter(|&n| n > 0)
+            && screen.contains("completion waterfall")
+            && screen.contains(" over time (rows")
+        {
             break n;
         }
         if start.elapsed() > Duration::from_secs(300) {
-            bail!("the live view never showed rxe_cq_post counting; the screen:\n{screen}");
+            bail!(
+                "the live view never showed rxe_cq_post counting with the waterfall pane and the heat map; the screen:\n{screen}"
+            );
         }
         std::thread::sleep(Duration::from_secs(2));
     };
@@ -334,7 +340,7 @@ fn live_view_in_tmux() -> Result<Vec<String>> {
         bail!("`cargo xtask run` ended with status {status} after q");
     }
     Ok(vec![format!(
-        "live view in the guest: rxe_cq_post counted {count}; q ended it with status 0"
+        "live view in the guest: rxe_cq_post counted {count}, waterfall pane and heat map shown; q ended it with status 0"
     )])
 }
 

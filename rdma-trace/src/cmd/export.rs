@@ -115,6 +115,7 @@ pub async fn run(args: &Args) -> Result<()> {
             .unwrap_or_else(|_| "unknown".to_owned())
     });
     let labels = ProbeLabels::new(&kernel.rdma_devices(), &host);
+    let wf = crate::waterfall::start_or_explain(false, 0);
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -127,7 +128,10 @@ pub async fn run(args: &Args) -> Result<()> {
 
     let page = Arc::new(Mutex::new(String::new()));
     let refresh = |page: &Mutex<String>| -> Result<()> {
-        let text = render(&session, &session.snapshot()?, &labels);
+        let mut text = render(&session, &session.snapshot()?, &labels);
+        if let Some(w) = &wf {
+            render_waterfall(&mut text, &w.snapshot()?, &labels.host);
+        }
         *page.lock().unwrap_or_else(|p| p.into_inner()) = text;
         Ok(())
     };
@@ -447,6 +451,61 @@ fn le_value(v: u64, unit: Unit) -> String {
     }
 }
 
+/// The completion waterfall of every thread that read completion events: a histogram per
+/// stage (`stage` label: driver, wake, runq, read, awake, total), events per kind and CPU
+/// placement class.
+fn render_waterfall(out: &mut String, snap: &crate::waterfall::Snapshot, host: &str) {
+    use rdma_trace_common::waterfall::{W_AWAKE, W_WOKEN};
+
+    use crate::waterfall::{model::STAGES, topology::CLASS_NAMES};
+    let Some(t) = snap.merged_data() else {
+        return;
+    };
+    let host = escape(host);
+    family(
+        out,
+        "rdma_trace_waterfall_events_total",
+        "counter",
+        "Completion events read from completion channels, by whether the handler woke the reader.",
+    );
+    for (kind, c) in [("woken", W_WOKEN), ("awake", W_AWAKE)] {
+        let _ = writeln!(
+            out,
+            "rdma_trace_waterfall_events_total{{kind=\"{kind}\",host=\"{host}\"}} {}",
+            t.counts.get(c)
+        );
+    }
+    family(
+        out,
+        "rdma_trace_waterfall_placement_total",
+        "counter",
+        "Completion events by CPU placement of the handler against the reader.",
+    );
+    for (k, name) in CLASS_NAMES.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "rdma_trace_waterfall_placement_total{{class=\"{name}\",host=\"{host}\"}} {}",
+            t.counts.classes[k]
+        );
+    }
+    let name = "rdma_trace_waterfall_stage_seconds";
+    family(
+        out,
+        name,
+        "histogram",
+        "Stages of completion events: driver (T0→T1), wake (handler → wake-up), runq (wake-up → on CPU), read (on CPU → read returns), awake (T1→T4 of readers already awake), total (T1→T4).",
+    );
+    for (h, key, _, _) in STAGES {
+        histogram(
+            out,
+            name,
+            &format!("stage=\"{key}\",host=\"{host}\""),
+            &t.hists[h as usize],
+            Unit::Nanoseconds,
+        );
+    }
+}
+
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
@@ -605,6 +664,69 @@ mod tests {
         assert!(les.windows(2).all(|w| w[0] < w[1]), "{les:?}");
         assert_eq!(le_value(1_000_000_000, Unit::Nanoseconds), "1");
         assert_eq!(le_value(0, Unit::Nanoseconds), "0");
+    }
+
+    #[test]
+    fn waterfall_stage_histograms_carry_a_stage_label() {
+        use rdma_trace_common::waterfall::{H_RUNQ, W_WOKEN, WF_NHIST};
+
+        use crate::waterfall::{
+            Snapshot,
+            model::{Counts, ThreadData},
+        };
+        let mut counts = Counts::default();
+        counts.counters[W_WOKEN as usize] = 3;
+        counts.classes[1] = 3;
+        let mut hists = vec![Histogram::default(); WF_NHIST as usize];
+        hists[H_RUNQ as usize] = hist(&[1500, 1100, 5000]);
+        let snap = Snapshot {
+            threads: [(
+                0,
+                ThreadData {
+                    tid: 7,
+                    tgid: 7,
+                    comm: "demo".into(),
+                    counts,
+                    hists,
+                },
+            )]
+            .into(),
+        };
+        let mut out = String::new();
+        render_waterfall(&mut out, &snap, "h");
+        let runq = "rdma_trace_waterfall_stage_seconds_bucket{stage=\"runq\",host=\"h\",le=";
+        assert_eq!(value(&out, &format!("{runq}\"0.000002047\"}}")), 2.0);
+        assert_eq!(value(&out, &format!("{runq}\"+Inf\"}}")), 3.0);
+        assert_eq!(
+            value(
+                &out,
+                "rdma_trace_waterfall_stage_seconds_count{stage=\"wake\",host=\"h\"}"
+            ),
+            0.0
+        );
+        assert_eq!(
+            value(
+                &out,
+                "rdma_trace_waterfall_events_total{kind=\"woken\",host=\"h\"}"
+            ),
+            3.0
+        );
+        assert_eq!(
+            value(
+                &out,
+                "rdma_trace_waterfall_placement_total{class=\"SMT sibling\",host=\"h\"}"
+            ),
+            3.0
+        );
+        assert_eq!(
+            out.matches("# TYPE rdma_trace_waterfall_stage_seconds histogram")
+                .count(),
+            1
+        );
+        // Nothing without events.
+        let mut empty = String::new();
+        render_waterfall(&mut empty, &Snapshot::default(), "h");
+        assert!(empty.is_empty());
     }
 
     #[test]

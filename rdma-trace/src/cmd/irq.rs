@@ -172,6 +172,7 @@ impl Source for IrqSource<'_> {
                 elapsed,
                 ..Progress::default()
             },
+            waterfall: None,
         })
     }
 

@@ -1,5 +1,8 @@
 //! `rdma-trace run`: spawn the bundled `rdma-demo` ping-pong as load, attach the probe table,
-//! and report per probe — for polling mode, event mode, or both side by side.
+//! and report per probe — for polling mode, event mode, or both side by side. With a CMD,
+//! `--pid` or `--all`, any workload instead of the demo (`run/workload.rs`).
+
+mod workload;
 
 use std::{
     collections::HashMap,
@@ -27,6 +30,7 @@ use crate::{
     signals::{self, Stop, Stopped},
     softroce,
     tui::{Live, Progress, Sample, Source},
+    waterfall::{self, Waterfall, WaterfallReport},
 };
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -43,19 +47,19 @@ pub enum Mode {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Completion mode of the demo.
-    #[arg(long, value_enum, default_value = "event")]
+    #[arg(long, value_enum, default_value = "event", conflicts_with_all = ["command", "pid", "all"])]
     pub mode: Mode,
     /// Ping-pong iterations per mode.
-    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(rdma_demo::limits::MAX_ITERATIONS)))]
+    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(rdma_demo::limits::MAX_ITERATIONS)), conflicts_with_all = ["command", "pid", "all"])]
     pub iterations: u32,
     /// Message size in bytes.
-    #[arg(short = 'S', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(i64::from(rdma_demo::limits::MIN_SIZE)..=i64::from(rdma_demo::limits::MAX_SIZE)))]
+    #[arg(short = 'S', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(i64::from(rdma_demo::limits::MIN_SIZE)..=i64::from(rdma_demo::limits::MAX_SIZE)), conflicts_with_all = ["command", "pid", "all"])]
     pub size: u32,
     /// RDMA device of the client [default: rxe1 when rxe0 and rxe1 exist, else the first device].
-    #[arg(short, long, value_name = "DEV")]
+    #[arg(short, long, value_name = "DEV", conflicts_with_all = ["command", "pid", "all"])]
     pub device: Option<String>,
     /// RDMA device of the server [default: rxe0 when rxe0 and rxe1 exist, else --device].
-    #[arg(long, value_name = "DEV")]
+    #[arg(long, value_name = "DEV", conflicts_with_all = ["command", "pid", "all"])]
     pub server_device: Option<String>,
     /// Stop a mode's run after this many seconds even if the demo is not done (a success: the
     /// demo is stopped and the mode reported).
@@ -79,7 +83,7 @@ pub struct Args {
     #[arg(long)]
     pub uprobes: bool,
     /// The rdma-demo binary [default: next to rdma-trace, else on PATH].
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["command", "pid", "all"])]
     pub demo: Option<PathBuf>,
     /// What tracing may add to a round trip, in % of it: over it, the report names the
     /// programs that cost the most (and --enforce drops them).
@@ -93,6 +97,36 @@ pub struct Args {
     /// every driver's rows).
     #[arg(long, value_enum, default_value_t = Preset::Default)]
     pub probes: Preset,
+    /// Completion waterfall: also keep this many per-event records (JSON `waterfall_samples`).
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub sample: u32,
+    /// Do not trace the completion waterfall (handler → wake-up → on CPU → read, per thread).
+    #[arg(long)]
+    pub no_waterfall: bool,
+    /// Trace these running processes (and their children) instead of running the demo; ends
+    /// when they have all exited (status 1), at --duration or Ctrl-C.
+    #[arg(long, value_name = "PID[,PID...]", value_delimiter = ',', conflicts_with_all = ["command", "all"],
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub pid: Vec<u32>,
+    /// Trace the whole system instead of running the demo, until Ctrl-C or --duration.
+    #[arg(long, conflicts_with = "command")]
+    pub all: bool,
+    /// Write a timeline of sampled completions (Chrome trace-event JSON): open it in
+    /// https://ui.perfetto.dev.
+    #[arg(long, value_name = "PATH")]
+    pub timeline: Option<PathBuf>,
+    /// Completions the timeline keeps: the first N, and the slowest N per stage.
+    #[arg(long, value_name = "N", default_value_t = 20, requires = "timeline",
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub timeline_sample: u32,
+    /// Upper bound on the number of events in the timeline file.
+    #[arg(long, value_name = "N", default_value_t = 100_000, requires = "timeline",
+          value_parser = clap::value_parser!(u32).range(10..=10_000_000))]
+    pub timeline_max_events: u32,
+    /// Run this command and its children as the load instead of the demo; rdma-trace exits
+    /// with its status.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 /// `$TMPDIR/rdma-trace-XXXXXX`: where the demo writes its JSON.
@@ -109,6 +143,11 @@ struct Report {
     calibration: Option<Calibration>,
     overhead_budget_percent: f64,
     phases: Vec<Phase>,
+    /// Per-event waterfall records (`--sample N`), every phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waterfall_samples: Option<Vec<waterfall::SampleRecord>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeline: Option<crate::timeline::Summary>,
 }
 
 #[derive(Serialize)]
@@ -122,10 +161,16 @@ struct Phase {
     overhead: Overhead,
     /// Programs `--enforce` detached (during this phase).
     dropped: Vec<Dropped>,
+    /// Per process and thread: stages of the completion events read in this phase.
+    waterfall: Option<WaterfallReport>,
 }
 
 /// A failing demo is an error (`DemoFailed`, exit 5), a stop signal too (`Stopped`).
 pub async fn run(args: &Args) -> Result<Option<i32>> {
+    if let Some(target) = workload::target(args) {
+        return workload::run(args, target).await;
+    }
+    let timeline_file = workload::timeline_file(args)?;
     check_privileges()?;
     // A bad path costs nothing: checked before anything is created or attached.
     if let Some(path) = &args.json {
@@ -146,13 +191,15 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let (server, client) = pick_devices(&devices, args)?;
     let demo = demo_binary(args.demo.as_deref())?;
     let defs = args.probes.select(PROBES);
-    let mut session = Session::start(
+    let extra = workload::demo_extra(timeline_file.is_some());
+    let mut session = Session::start_with(
         &kernel,
         &defs,
         args.probes.options(Options {
             all_drivers: args.all_drivers,
             uprobes: args.uprobes,
         }),
+        &extra,
     )?;
     // The session's probes are on the RDMA path, softirqs and IRQs: the umask calls of the
     // calibration hit none of them.
@@ -160,6 +207,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     if let Some(c) = &calibration {
         eprintln!("rdma-trace: {}", c.render());
     }
+    let timeline = workload::start(&mut session, &extra, timeline_file, args)?;
     eprintln!(
         "rdma-trace: server {server}, client {client}; probes:\n{}",
         session.attach_table()
@@ -169,6 +217,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         enforce: args.enforce,
         calibration: calibration.as_ref(),
     };
+    let mut wf = waterfall::start_or_explain(args.no_waterfall, args.sample as usize);
 
     let modes: &[Mode] = match args.mode {
         Mode::Both => &[Mode::Poll, Mode::Event],
@@ -189,11 +238,13 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let mut deferred = String::new();
     let mut quit = false;
     for &mode in modes {
+        let wf_before = wf.as_ref().map(Waterfall::snapshot).transpose()?;
         let mut src = RunSource::new(
             &mut session,
             format!("{mode:?} mode, {server} ↔ {client}"),
             args.iterations,
             budget,
+            wf.as_ref().zip(wf_before.clone()),
         )?;
         let (window, demo_json, demo_out) =
             run_demo(&demo, mode, &server, &client, args, &mut live, &mut src).await?;
@@ -213,11 +264,19 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         overhead.tracing_adds = budget.added(&overhead, round_trips, rtt_us);
         let dropped = std::mem::take(&mut src.dropped);
         drop(src);
+        let wf_report = match (&wf, &wf_before) {
+            (Some(w), Some(b)) => Some(WaterfallReport::from_snapshot(&w.snapshot()?.since(b))),
+            _ => None,
+        };
         let text = format!(
-            "===== mode {mode:?}: {} iterations of {} B, {server} ↔ {client} =====\n{}\n{}{}\n--- rdma-demo ---\n{}\n",
+            "===== mode {mode:?}: {} iterations of {} B, {server} ↔ {client} =====\n{}\n{}{}{}\n--- rdma-demo ---\n{}\n",
             args.iterations,
             args.size,
             render(&probes),
+            wf_report
+                .as_ref()
+                .map(|r| format!("{}\n", waterfall::model::render_report(r)))
+                .unwrap_or_default(),
             overhead.render(),
             budget.verdict(overhead.tracing_adds.as_ref(), &dropped),
             if window.ended_by == "duration" {
@@ -242,6 +301,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             probes,
             overhead,
             dropped,
+            waterfall: wf_report,
         });
         if window.ended_by == "quit" {
             quit = true;
@@ -280,7 +340,10 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     if interrupted {
         stopped = Some(crate::signals::received().unwrap_or(Stop(libc::SIGINT)));
     }
+    let timeline = workload::finish_timeline(&mut session, timeline, args)?;
     drop(session); // detach every probe before the summary
+    let waterfall_samples = wf.as_mut().map(|w| waterfall::records(w.samples()));
+    drop(wf);
     if phases.len() == 2 {
         println!("\n{}", compare(&phases[0], &phases[1]));
     }
@@ -294,6 +357,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             calibration,
             overhead_budget_percent: args.overhead_budget,
             phases,
+            waterfall_samples: (args.sample > 0).then_some(waterfall_samples).flatten(),
+            timeline,
         };
         write_json(path, &report)?;
     }
@@ -540,6 +605,8 @@ struct RunSource<'a> {
     baseline_at: Instant,
     view_stats: Vec<ProgramStat>,
     view_usage: LoaderUsage,
+    /// The waterfall and the live view's baseline of it.
+    wf: Option<(&'a Waterfall, waterfall::Snapshot)>,
 }
 
 impl<'a> RunSource<'a> {
@@ -548,9 +615,13 @@ impl<'a> RunSource<'a> {
         label: String,
         iterations: u32,
         budget: Budget<'a>,
+        wf: Option<(&'a Waterfall, waterfall::Snapshot)>,
     ) -> Result<Self> {
         let before = session.snapshot()?;
-        let (stats, _) = session.program_stats();
+        let (mut stats, _) = session.program_stats();
+        if let Some((w, _)) = &wf {
+            stats.extend(w.program_stats());
+        }
         let usage = LoaderUsage::now();
         Ok(Self {
             session,
@@ -567,6 +638,7 @@ impl<'a> RunSource<'a> {
             usage_before: usage,
             view_usage: usage,
             baseline_at: Instant::now(),
+            wf,
         })
     }
 
@@ -617,7 +689,20 @@ impl<'a> RunSource<'a> {
         let costs = budget::costs(&o.programs, self.budget.calibration);
         let added = budget::added(&costs, n, rtt_us)?;
         if self.budget.enforce && n >= ENFORCE_AFTER_ROUND_TRIPS {
-            let drops = budget::plan_drops(&costs, &added, self.budget.percent);
+            // Only the probe table's programs are dropped; the waterfall's stay (it has its
+            // own switch, --no-waterfall).
+            let theirs: Vec<String> = self
+                .wf
+                .iter()
+                .flat_map(|(w, _)| w.program_stats())
+                .map(|p| p.name)
+                .collect();
+            let droppable: Vec<_> = costs
+                .iter()
+                .filter(|c| !theirs.contains(&c.name))
+                .cloned()
+                .collect();
+            let drops = budget::plan_drops(&droppable, &added, self.budget.percent);
             if !drops.is_empty() {
                 let names: Vec<String> = drops
                     .iter()
@@ -626,15 +711,24 @@ impl<'a> RunSource<'a> {
                 self.session.drop_programs(&names);
                 self.dropped.extend(drops);
                 // The next window starts after the drop.
-                self.last = Some((Instant::now(), round_trips, self.session.program_stats().0));
+                self.last = Some((Instant::now(), round_trips, self.stats().0));
             }
         }
         Some(added)
     }
 
+    /// Run-time statistics of every program: the probe table's and the waterfall's.
+    fn stats(&self) -> (Vec<ProgramStat>, &str) {
+        let (mut stats, how) = self.session.program_stats();
+        if let Some((w, _)) = &self.wf {
+            stats.extend(w.program_stats());
+        }
+        (stats, how)
+    }
+
     /// The phase's overhead so far.
     fn overhead(&self) -> Result<Overhead> {
-        let (now, how) = self.session.program_stats();
+        let (now, how) = self.stats();
         Ok(Overhead::between(
             how,
             &self.stats_before,
@@ -659,7 +753,7 @@ impl Source for RunSource<'_> {
         );
         let phase = delta(&now, &self.phase_before);
         // One read of the program statistics per refresh, for the estimate and the footer.
-        let (stats, how) = self.session.program_stats();
+        let (stats, how) = self.stats();
         let how = how.to_owned();
         let added = self.estimate(&phase, &stats, &how);
         let cq_posts = probes
@@ -685,14 +779,18 @@ impl Source for RunSource<'_> {
                 total: Some(u64::from(self.iterations)),
                 done_from: cq_posts.map(|_| "rxe_cq_post / 4"),
             },
+            waterfall: self.wf.as_ref().map(|(w, b)| w.view(b)).transpose()?,
         })
     }
 
     fn reset(&mut self) -> Result<()> {
         self.baseline = self.session.snapshot()?;
         self.baseline_at = Instant::now();
-        self.view_stats = self.session.program_stats().0;
+        self.view_stats = self.stats().0;
         self.view_usage = LoaderUsage::now();
+        if let Some((w, base)) = &mut self.wf {
+            *base = w.snapshot()?;
+        }
         Ok(())
     }
 }
@@ -757,6 +855,11 @@ fn compare(poll: &Phase, event: &Phase) -> String {
          ibv_get_cq_event; the wake-up (scheduler latency, softirq/tasklet delivery) is added to every \
          round trip, in exchange for an idle CPU while waiting.\n",
     );
+    out.push_str(&waterfall::explain_phases(
+        &poll.demo,
+        &event.demo,
+        event.waterfall.as_ref(),
+    ));
     out
 }
 
@@ -781,6 +884,14 @@ mod tests {
             overhead_budget: 5.0,
             enforce: false,
             probes: Preset::Default,
+            sample: 0,
+            no_waterfall: true,
+            pid: Vec::new(),
+            all: false,
+            timeline: None,
+            timeline_sample: 20,
+            timeline_max_events: 100_000,
+            command: Vec::new(),
         }
     }
 

@@ -1,7 +1,10 @@
 //! State of the live view, free of any terminal: what is shown, which probe is selected,
 //! paused or not. Keys come in as [`Key`]s; the drawing code (`draw.rs`) only reads this.
 
-use std::time::Duration;
+use std::{
+    collections::{HashMap, VecDeque},
+    time::Duration,
+};
 
 use crate::{overhead::Overhead, report::ProbeReport};
 
@@ -66,6 +69,79 @@ pub struct Sample {
     pub probes: Vec<ProbeReport>,
     pub overhead: Option<Overhead>,
     pub progress: Progress,
+    /// The completion waterfall since the view's baseline, when it is traced.
+    pub waterfall: Option<WaterfallView>,
+}
+
+/// What the waterfall pane shows: the stages of woken events, stacked, at p50 and p99.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WaterfallView {
+    pub events: u64,
+    pub woken: u64,
+    pub awake: u64,
+    /// (stage, p50 ns, p99 ns), in time order.
+    pub stages: Vec<(&'static str, f64, f64)>,
+    /// Mean T1→T4 over every event.
+    pub total_mean_ns: Option<f64>,
+}
+
+/// Refreshes of history the heat map keeps (one column each).
+pub const HEAT_COLUMNS: usize = 120;
+
+/// Per probe: the last cumulative counts per power of two, and per refresh what was added.
+#[derive(Clone, Debug)]
+pub struct Heat {
+    last: [u64; 65],
+    /// Oldest first; each column: counts per power-of-two row (row k = [2^(k-1), 2^k), row 0
+    /// = [0, 1)).
+    pub columns: VecDeque<[u64; 65]>,
+}
+
+impl Default for Heat {
+    fn default() -> Self {
+        Heat {
+            last: [0; 65],
+            columns: VecDeque::new(),
+        }
+    }
+}
+
+impl Heat {
+    /// Row of a bucket's lower bound `lo` (a power of two, or 0).
+    pub fn row(lo: u64) -> usize {
+        if lo == 0 {
+            0
+        } else {
+            (64 - lo.leading_zeros()) as usize
+        }
+    }
+
+    /// Lower bound of row `k`.
+    pub fn row_lo(k: usize) -> u64 {
+        if k == 0 { 0 } else { 1u64 << (k - 1) }
+    }
+
+    fn push(&mut self, r: &ProbeReport) {
+        let mut now = [0u64; 65];
+        for b in &r.log2 {
+            now[Self::row(b.lo).min(64)] += b.count;
+        }
+        let mut col = [0u64; 65];
+        // After a reset the counts restart: what is there now is new.
+        let restarted = now.iter().sum::<u64>() < self.last.iter().sum::<u64>();
+        for k in 0..65 {
+            col[k] = if restarted {
+                now[k]
+            } else {
+                now[k].saturating_sub(self.last[k])
+            };
+        }
+        self.last = now;
+        self.columns.push_back(col);
+        while self.columns.len() > HEAT_COLUMNS {
+            self.columns.pop_front();
+        }
+    }
 }
 
 pub struct App {
@@ -73,6 +149,9 @@ pub struct App {
     pub probes: Vec<ProbeReport>,
     pub overhead: Option<Overhead>,
     pub progress: Progress,
+    pub waterfall: Option<WaterfallView>,
+    /// Latency over time per probe (by name), for the heat map.
+    pub heat: HashMap<&'static str, Heat>,
     pub paused: bool,
     /// A line for the status bar (`demo finished — q to quit`).
     pub status: Option<String>,
@@ -89,6 +168,8 @@ impl App {
             probes: Vec::new(),
             overhead: None,
             progress: Progress::default(),
+            waterfall: None,
+            heat: HashMap::new(),
             paused: false,
             status: None,
             selected: None,
@@ -103,8 +184,12 @@ impl App {
         if self.paused {
             return;
         }
+        for r in s.probes.iter().filter(|r| r.skipped.is_none()) {
+            self.heat.entry(r.name).or_default().push(r);
+        }
         self.probes = s.probes;
         self.overhead = s.overhead;
+        self.waterfall = s.waterfall;
         if self.selected_index().is_none() {
             self.selected = self.selectable().first().map(|&i| self.probes[i].name);
         }
@@ -146,6 +231,11 @@ impl App {
 
     pub fn selected_probe(&self) -> Option<&ProbeReport> {
         self.selected_index().map(|i| &self.probes[i])
+    }
+
+    /// The selected probe's heat map history.
+    pub fn selected_heat(&self) -> Option<&Heat> {
+        self.heat.get(self.selected_probe()?.name)
     }
 
     fn step(&mut self, by: isize) {
@@ -220,7 +310,40 @@ pub(crate) mod tests {
                 total: Some(1000),
                 done_from: Some("rxe_cq_post / 4"),
             },
+            waterfall: Some(WaterfallView {
+                events: 400,
+                woken: 200,
+                awake: 200,
+                stages: vec![
+                    ("handler → wake-up", 2_000.0, 8_000.0),
+                    ("run queue", 30_000.0, 200_000.0),
+                    ("on CPU → read", 10_000.0, 40_000.0),
+                ],
+                total_mean_ns: Some(45_000.0),
+            }),
         }
+    }
+
+    #[test]
+    fn heat_map_columns_hold_what_each_refresh_added() {
+        let mut app = App::new("t");
+        app.update(sample(&[("a", 100, false)]));
+        app.update(sample(&[("a", 180, false)]));
+        let h = app.heat.get("a").unwrap();
+        assert_eq!(h.columns.len(), 2);
+        // report(): 3/4 of the count in [1024, 2048), 1/4 in [2048, 4096).
+        assert_eq!(h.columns[0][Heat::row(1024)], 75);
+        assert_eq!(h.columns[1][Heat::row(1024)], 135 - 75);
+        assert_eq!(h.columns[1][Heat::row(2048)], 45 - 25);
+        assert_eq!(Heat::row_lo(Heat::row(2048)), 2048);
+        // A reset (counts drop) starts over instead of going negative.
+        app.update(sample(&[("a", 4, false)]));
+        assert_eq!(app.heat["a"].columns[2][Heat::row(1024)], 3);
+        for _ in 0..HEAT_COLUMNS + 5 {
+            app.update(sample(&[("a", 4, false)]));
+        }
+        assert_eq!(app.heat["a"].columns.len(), HEAT_COLUMNS);
+        assert!(app.selected_heat().is_some());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Drawing the live view from an [`App`]: a header with the load's progress, the probe table
-//! (count, rate, p50, p99; the selected probe highlighted), the selected probe's pane with its
-//! histogram, and the self-overhead line. Pure: tested with ratatui's `TestBackend`.
+//! (count, rate, p50, p99; the selected probe highlighted) with the selected probe's latency
+//! heat map under it, the selected probe's pane with its histogram, the completion waterfall
+//! (stages stacked at p50 and p99), and the self-overhead line. Pure: tested with ratatui's
+//! `TestBackend`.
 
 use ratatui::{
     Frame,
@@ -10,9 +12,9 @@ use ratatui::{
     widgets::{Block, Gauge, Paragraph, Row, Table, TableState},
 };
 
-use super::app::App;
+use super::app::{App, Heat, WaterfallView};
 use crate::{
-    hist::{human_ns, human_ns_f, plain},
+    hist::{human_ns_f, plain, pow2_label},
     probes::Unit,
     report::ProbeReport,
 };
@@ -34,10 +36,27 @@ pub fn draw(f: &mut Frame, app: &App) {
     ])
     .areas(f.area());
     draw_header(f, header, app);
-    let [list, pane] =
+    let [left, right] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(body);
+    // The table takes what its rows need; the heat map the space under it.
+    let [list, heat] = Layout::vertical([
+        Constraint::Max(app.probes.len() as u16 + 3),
+        Constraint::Min(0),
+    ])
+    .areas(left);
     draw_table(f, list, app);
-    draw_pane(f, pane, app);
+    if heat.height >= 4 {
+        draw_heat(f, heat, app);
+    }
+    match &app.waterfall {
+        Some(w) => {
+            let [pane, wf] =
+                Layout::vertical([Constraint::Min(6), Constraint::Length(8)]).areas(right);
+            draw_pane(f, pane, app);
+            draw_waterfall(f, wf, w);
+        }
+        None => draw_pane(f, right, app),
+    }
     draw_footer(f, footer, app);
 }
 
@@ -103,7 +122,7 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App) {
 /// Histogram rows as text lines with bars scaled to `width`.
 pub fn histogram_lines(r: &ProbeReport, width: usize) -> Vec<Line<'static>> {
     let fmt: fn(u64) -> String = match r.unit {
-        Unit::Nanoseconds => human_ns,
+        Unit::Nanoseconds => pow2_label,
         Unit::Packets => plain,
     };
     let max = r.log2.iter().map(|b| b.count).max().unwrap_or(0);
@@ -160,6 +179,141 @@ fn draw_pane(f: &mut Frame, area: Rect, app: &App) {
     lines.extend(histogram_lines(r, bar_width));
     f.render_widget(
         Paragraph::new(lines).block(Block::bordered().title(format!(" {} ", r.name))),
+        area,
+    );
+}
+
+/// Shades of a heat map cell, from a few to the most events of the visible window.
+const SHADES: [(&str, Color); 4] = [
+    ("░", Color::Blue),
+    ("▒", Color::Cyan),
+    ("▓", Color::Yellow),
+    ("█", Color::Red),
+];
+
+/// Heat map lines: one per power-of-two row (slowest on top), one column per refresh (newest
+/// on the right), the shade by count.
+pub fn heat_lines(heat: &Heat, unit: Unit, width: usize, height: usize) -> Vec<Line<'static>> {
+    const LABEL: usize = 8;
+    let cols = width.saturating_sub(LABEL + 1).max(1);
+    let shown: Vec<&[u64; 65]> = heat.columns.iter().rev().take(cols).rev().collect();
+    let used: Vec<usize> = (0..65)
+        .filter(|&k| shown.iter().any(|c| c[k] != 0))
+        .collect();
+    let (Some(&lo), Some(&hi)) = (used.first(), used.last()) else {
+        return vec![Line::from("no events yet")];
+    };
+    let lo = lo.max(hi.saturating_sub(height.saturating_sub(1)));
+    let max = shown
+        .iter()
+        .flat_map(|c| c[lo..=hi].iter())
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let fmt: fn(u64) -> String = match unit {
+        Unit::Nanoseconds => pow2_label,
+        Unit::Packets => plain,
+    };
+    (lo..=hi)
+        .rev()
+        .map(|k| {
+            let mut spans = vec![Span::raw(format!(
+                "{:>w$} ",
+                fmt(Heat::row_lo(k)),
+                w = LABEL
+            ))];
+            for c in &shown {
+                let n = c[k];
+                if n == 0 {
+                    spans.push(Span::raw(" "));
+                } else {
+                    let i = ((n * SHADES.len() as u64).div_ceil(max) as usize).clamp(1, 4) - 1;
+                    let (ch, color) = SHADES[i];
+                    spans.push(Span::styled(ch, Style::default().fg(color)));
+                }
+            }
+            Line::from(spans)
+        })
+        .collect()
+}
+
+fn draw_heat(f: &mut Frame, area: Rect, app: &App) {
+    let (Some(r), Some(heat)) = (app.selected_probe(), app.selected_heat()) else {
+        return;
+    };
+    let lines = heat_lines(
+        heat,
+        r.unit,
+        area.width.saturating_sub(2) as usize,
+        area.height.saturating_sub(2) as usize,
+    );
+    f.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(format!(
+            " {} over time (rows: ≥ bucket; ░▒▓█ few → many) ",
+            r.name
+        ))),
+        area,
+    );
+}
+
+/// Glyph and colour of each stage (distinct glyphs, so the bars read without colour too).
+const STAGE_STYLE: [(&str, Color); 4] = [
+    ("█", Color::Green),
+    ("▓", Color::Yellow),
+    ("▒", Color::Magenta),
+    ("░", Color::Cyan),
+];
+
+/// Waterfall pane lines: a bar per percentile, stage segments stacked left to right and
+/// scaled to the p99 total, then a legend.
+pub fn waterfall_lines(w: &WaterfallView, width: usize) -> Vec<Line<'static>> {
+    let mut lines = vec![Line::from(format!(
+        "{} events ({} woken, {} awake), mean T1→T4 {}",
+        w.events,
+        w.woken,
+        w.awake,
+        w.total_mean_ns
+            .map(human_ns_f)
+            .unwrap_or_else(|| "-".to_owned())
+    ))];
+    let scale: f64 = w.stages.iter().map(|s| s.2).sum::<f64>().max(1.0);
+    let bar = width.saturating_sub(14).max(1);
+    for (label, pick) in [("p50", 0usize), ("p99", 1)] {
+        let mut spans = vec![Span::raw(format!("{label} "))];
+        let mut total = 0.0;
+        for (i, s) in w.stages.iter().enumerate() {
+            let v = if pick == 0 { s.1 } else { s.2 };
+            total += v;
+            let n = ((v / scale) * bar as f64).round() as usize;
+            let n = if v > 0.0 { n.max(1) } else { 0 };
+            let (glyph, color) = STAGE_STYLE[i % STAGE_STYLE.len()];
+            spans.push(Span::styled(glyph.repeat(n), Style::default().fg(color)));
+        }
+        spans.push(Span::raw(format!(" {}", human_ns_f(total))));
+        lines.push(Line::from(spans));
+    }
+    for (i, s) in w.stages.iter().enumerate() {
+        let (glyph, color) = STAGE_STYLE[i % STAGE_STYLE.len()];
+        lines.push(Line::from(vec![
+            Span::styled(format!("{glyph} "), Style::default().fg(color)),
+            Span::raw(format!(
+                "{:<18} p50 {:>8}  p99 {:>8}",
+                s.0,
+                human_ns_f(s.1),
+                human_ns_f(s.2)
+            )),
+        ]));
+    }
+    lines
+}
+
+fn draw_waterfall(f: &mut Frame, area: Rect, w: &WaterfallView) {
+    let lines = waterfall_lines(w, area.width.saturating_sub(2) as usize);
+    f.render_widget(
+        Paragraph::new(lines)
+            .wrap(ratatui::widgets::Wrap { trim: true })
+            .block(Block::bordered().title(" completion waterfall (woken events, p50/p99) ")),
         area,
     );
 }
@@ -240,6 +394,24 @@ mod tests {
         assert!(s.contains("p99 9.0us"), "{s}");
         assert!(s.contains("[1us, 2us)") && s.contains("█"), "{s}");
         assert!(s.contains("q quit"), "{s}");
+        // The waterfall pane: stacked bars and the legend.
+        assert!(s.contains("completion waterfall"), "{s}");
+        assert!(s.contains("p50 █▓▓▓▓▓▒▒ 42.0us"), "{s}");
+        assert!(s.contains("p99 █▓▓▓▓"), "{s}");
+        assert!(
+            s.contains("▓ run queue          p50   30.0us  p99  200.0us"),
+            "{s}"
+        );
+        // The heat map under the table, for the selected probe.
+        app.update(sample(&[
+            ("rxe_rcv", 2400, false),
+            ("mlx5_eq_comp_int", 0, true),
+            ("softirq NET_RX", 900, false),
+        ]));
+        let s = screen(&app, 120, 30);
+        assert!(s.contains("rxe_rcv over time"), "{s}");
+        assert!(s.contains("     1us █"), "{s}");
+        assert!(s.contains("     2us "), "{s}");
 
         app.key(Key::Next);
         app.key(Key::Pause);

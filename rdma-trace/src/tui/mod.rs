@@ -22,7 +22,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use tokio::{process::Child, sync::mpsc};
 
-pub use self::app::{App, Key, Progress, Sample};
+pub use self::app::{App, Key, Progress, Sample, WaterfallView};
 
 use crate::cmd::Window;
 
@@ -36,6 +36,11 @@ pub trait Source {
     fn sample(&mut self, elapsed: Duration) -> Result<Sample>;
     /// Start counting from now (key `r`).
     fn reset(&mut self) -> Result<()>;
+    /// Checked after each refresh: `Some(why)` ends the window (e.g. every traced process
+    /// exited), `why` becoming [`Window::ended_by`].
+    fn finished(&mut self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Where the view goes.
@@ -143,6 +148,9 @@ impl Live {
                         let s = src.sample(start.elapsed())?;
                         self.app.update(s);
                         self.render()?;
+                        if let Some(why) = src.finished() {
+                            break (why, None);
+                        }
                     }
                     Some(k) = key => {
                         self.app.key(k);
@@ -267,6 +275,25 @@ pub fn text_block(app: &App) -> String {
             sparkline(r),
         ));
     }
+    if let Some(w) = app.waterfall.as_ref().filter(|w| w.events > 0) {
+        let stages: Vec<String> = w
+            .stages
+            .iter()
+            .map(|(n, p50, p99)| {
+                format!(
+                    "{n} {}/{}",
+                    crate::hist::human_ns_f(*p50),
+                    crate::hist::human_ns_f(*p99)
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "  waterfall: {} events ({} woken), p50/p99 {}\n",
+            w.events,
+            w.woken,
+            stages.join(", ")
+        ));
+    }
     if let Some(o) = &app.overhead {
         out.push_str(&format!(
             "  overhead: eBPF {:.2} % CPU, loader {:.1} % CPU, RSS {} KiB\n",
@@ -384,6 +411,10 @@ mod tests {
         assert!(t.contains("rxe_rcv") && t.contains("400"), "{t}");
         assert!(!t.contains("idle") && !t.contains("gone"), "{t}");
         assert!(t.contains("1us █▄"), "{t}");
+        assert!(
+            t.contains("waterfall: 400 events (200 woken), p50/p99 handler → wake-up 2.0us/8.0us"),
+            "{t}"
+        );
     }
 
     struct Counter(u64, u64);

@@ -2,8 +2,9 @@
 //!
 //! Per round, in one 6.1 guest boot (the bench image, with bpftrace and bpftool):
 //! - A: `rdma-demo pingpong --loopback` rxe1 ↔ rxe0 alone, poll then event mode;
-//! - B: `rdma-trace run --no-tui --mode both` (it spawns that same demo command, poll then
-//!   event, with every probe of its table attached);
+//! - B: `rdma-trace run --no-tui --no-waterfall --mode both` (it spawns that same demo
+//!   command, poll then event, with every probe of its table attached): histograms only;
+//! - W: the same with the completion waterfall (its default): histograms + waterfall;
 //! - C: bpftrace running `bench/equivalent.bt` (same probe points, hist() maps) around the same
 //!   two demo runs; D: bpftrace running `bench/empty.bt` (same points, empty bodies).
 //!
@@ -27,7 +28,7 @@ use super::{
 const ITERATIONS: u32 = 150;
 const SIZE: u32 = 64;
 const MODES: [&str; 2] = ["poll", "event"];
-const VARIANTS: [&str; 4] = ["A", "B", "C", "D"];
+const VARIANTS: [&str; 5] = ["A", "B", "W", "C", "D"];
 /// The marker both bpftrace scripts print from BEGIN (after all probes are attached).
 const BT_MARK: &str = "@@BPFTRACE_ATTACHED@@";
 /// What rdma-trace prints on stderr once every probe is attached.
@@ -104,16 +105,20 @@ demo_running() {{
                         );
                     }
                 }
-                "B" => {
+                "B" | "W" => {
+                    let waterfall = if v == "B" { " --no-waterfall" } else { "" };
                     let _ = writeln!(
                         s,
-                        "T0=$(now); BENCH_PREFIX={p} timeout 600 rdma-trace run --no-tui --mode both \
+                        "T0=$(now); BENCH_PREFIX={p} timeout 600 rdma-trace run --no-tui{waterfall} --mode both \
                          -i {ITERATIONS} -S {SIZE} --demo /tmp/bench/demo.sh > {p}.out 2> {p}.err & TP=$!\n\
                          echo $T0 > {p}.start\n\
                          wait_mark {p}.err '{OURS_MARK}' $TP && snap {p}-attach $TP short\n\
-                         wait $TP; echo \"{round},B,$?\" >> $R/runs.csv"
+                         wait $TP; echo \"{round},{v},$?\" >> $R/runs.csv"
                     );
-                    let _ = writeln!(s, "{}", live_view_run(round));
+                    // The live view's CPU: once per round, beside B.
+                    if v == "B" {
+                        let _ = writeln!(s, "{}", live_view_run(round));
+                    }
                 }
                 _ => {
                     let bt = if v == "C" { "equivalent" } else { "empty" };
@@ -406,7 +411,7 @@ fn report(dir: &Path, rounds: u32) -> Section {
             lat.insert((m, v), figures);
         }
     }
-    let sessions: BTreeMap<&str, Vec<Session>> = ["B", "C", "D"]
+    let sessions: BTreeMap<&str, Vec<Session>> = ["B", "W", "C", "D"]
         .into_iter()
         .map(|v| {
             (
@@ -545,6 +550,65 @@ fn report(dir: &Path, rounds: u32) -> Section {
          the BPF run time of its programs plus, per run, each attach mechanism's cost as its \
          start-up calibration measured it, over the demo's round trips. The measured figure is \
          the difference of the demo's median round trip under rdma-trace and alone.\n",
+    );
+
+    // What the waterfall adds (W against B).
+    md.push_str("\n### What the completion waterfall costs (W against B)\n\n");
+    let mut rows = Vec::new();
+    {
+        let mut row = |what: String, b: Vec<Option<f64>>, w: Vec<Option<f64>>, decimals: usize| {
+            let m = |v: &[Option<f64>]| spread(&v.iter().flatten().copied().collect::<Vec<_>>());
+            rows.push(vec![
+                what,
+                num(m(&b).map(|s| s.median), decimals),
+                num(m(&w).map(|s| s.median), decimals),
+                stats::with_ci(ratio(&w, &b), 3),
+            ]);
+        };
+        for m in MODES {
+            row(
+                format!("{m}: median round trip, µs"),
+                lat[&(m, "B")].clone(),
+                lat[&(m, "W")].clone(),
+                1,
+            );
+            let f = |s: &Session| s.bpf_ns_per_iter.get(m).copied();
+            row(
+                format!("{m}: BPF ns per demo iteration"),
+                per_round("B", &f),
+                per_round("W", &f),
+                0,
+            );
+        }
+        let cpu = |s: &Session| s.cpu_percent;
+        row(
+            "tracer CPU, % of a core".into(),
+            per_round("B", &cpu),
+            per_round("W", &cpu),
+            2,
+        );
+        let rss = |s: &Session| s.peak_rss_mib;
+        row(
+            "tracer peak RSS, MiB".into(),
+            per_round("B", &rss),
+            per_round("W", &rss),
+            1,
+        );
+    }
+    md.push_str(&table(
+        &[
+            "figure (median)",
+            "histograms only (B)",
+            "+ waterfall (W)",
+            "W / B [95 % CI]",
+        ],
+        &rows,
+    ));
+    md.push_str(
+        "\nW adds the waterfall's programs (kprobes on ib_uverbs_comp_handler and \
+         ib_uverbs_comp_event_read, rxe_cq_post and rxe_req_notify_cq, and the sched_waking and \
+         sched_switch tracepoints, which run on every wake-up and context switch of the machine \
+         and bail out early for threads no completion handler woke).\n",
     );
 
     // Table 2: BPF time.
@@ -754,7 +818,8 @@ fn report(dir: &Path, rounds: u32) -> Section {
 fn label(v: &str) -> &'static str {
     match v {
         "A" => "A: demo alone",
-        "B" => "B: rdma-trace",
+        "B" => "B: rdma-trace, histograms only",
+        "W" => "W: rdma-trace, histograms + waterfall",
         "C" => "C: bpftrace, equivalent.bt",
         _ => "D: bpftrace, empty bodies",
     }
@@ -860,7 +925,17 @@ mod tests {
     #[test]
     fn script_runs_every_variant_each_round() {
         let s = script(2);
-        assert_eq!(s.matches("rdma-trace run --no-tui --mode both").count(), 2);
+        assert_eq!(s.matches("rdma-trace run --no-tui").count(), 4);
+        assert_eq!(
+            s.matches("rdma-trace run --no-tui --no-waterfall --mode both")
+                .count(),
+            2,
+            "B: histograms only; W: with the waterfall"
+        );
+        assert!(
+            s.contains("r1-W.start") && s.contains("echo \"2,W,$?\""),
+            "{s}"
+        );
         assert_eq!(s.matches("bpftrace bench/equivalent.bt").count(), 2);
         assert_eq!(s.matches("bpftrace bench/empty.bt").count(), 2);
         assert_eq!(

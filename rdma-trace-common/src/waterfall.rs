@@ -1,0 +1,190 @@
+//! Layout of the completion waterfall (see `rdma-trace-ebpf/src/waterfall.rs`).
+//!
+//! For every completion event that a thread reads from a completion channel:
+//! T0 the driver posted the completion, T1 `ib_uverbs_comp_handler` was entered, T2 the handler
+//! woke the waiting thread (`sched_waking`), T3 the thread got a CPU (`sched_switch`), T4 its
+//! `ib_uverbs_comp_event_read` returned. An event whose reader was already awake (no wake-up
+//! inside its handler) has only T1 and T4. The eBPF side clamps T1 ≤ T2 ≤ T3 ≤ T4 per event, so
+//! the stages partition T1→T4 exactly, and sums them in nanoseconds beside the histograms.
+
+use crate::HIST_SLOTS;
+
+/// Thread slots: per slot, one row of counters and [`WF_NHIST`] histograms. The last slot
+/// collects the threads that found no free slot.
+pub const WF_THREADS: u32 = 32;
+
+/// CPUs the placement table and the per-CPU counts cover (higher CPUs count as unknown).
+pub const WF_CPUS: u32 = 64;
+
+/// Completion events remembered per channel between the handler and the read.
+pub const WF_QUEUE_LEN: u32 = 16;
+
+/// Histogram: T0→T1, the driver posted → the handler runs (only when T0 is known).
+pub const H_DRIVER: u32 = 0;
+/// Histogram: T1→T2, handler entry → the waiter is woken (woken events).
+pub const H_WAKE: u32 = 1;
+/// Histogram: T2→T3, woken → on a CPU: run-queue wait (woken events).
+pub const H_RUNQ: u32 = 2;
+/// Histogram: T3→T4, on a CPU → the read returns (woken events).
+pub const H_READ: u32 = 3;
+/// Histogram: T1→T4 of events whose reader was already awake.
+pub const H_AWAKE: u32 = 4;
+/// Histogram: T1→T4 of every event, measured directly (not as a sum).
+pub const H_TOTAL: u32 = 5;
+/// Histograms `H_CLASS + class`: T2→T3 per CPU-placement class (woken events).
+pub const H_CLASS: u32 = 6;
+/// Histograms per thread slot.
+pub const WF_NHIST: u32 = H_CLASS + NR_CLASSES;
+
+/// CPU placement of the handler's CPU against the waiter's: same CPU.
+pub const CLASS_SAME_CPU: u32 = 0;
+/// SMT siblings (same core).
+pub const CLASS_SMT: u32 = 1;
+/// Same last-level cache.
+pub const CLASS_LLC: u32 = 2;
+/// Same NUMA node.
+pub const CLASS_NODE: u32 = 3;
+/// Another NUMA node.
+pub const CLASS_OTHER_NODE: u32 = 4;
+/// A CPU beyond [`WF_CPUS`], or a topology the loader could not read.
+pub const CLASS_UNKNOWN: u32 = 5;
+pub const NR_CLASSES: u32 = 6;
+
+/// Counter: events read with their handler's T1 (every event the waterfall covers).
+pub const W_EVENTS: u32 = 0;
+/// Counter: events whose reader was woken inside their handler.
+pub const W_WOKEN: u32 = 1;
+/// Counter: events whose reader was already awake (no wake-up inside their handler).
+pub const W_AWAKE: u32 = 2;
+/// Counter: woken events without a switch-in after the wake-up (woken while still on its CPU).
+pub const W_NO_SWITCH: u32 = 3;
+/// Counter: events without a driver time stamp (T0).
+pub const W_NO_DRIVER: u32 = 4;
+/// Counter: reads that returned an event the handler was not seen to queue (attached mid-run).
+pub const W_UNMATCHED: u32 = 5;
+/// Counter: queued events dropped because more than [`WF_QUEUE_LEN`] waited on one channel.
+pub const W_DROPPED: u32 = 6;
+/// Counter: sum in ns of T0→T1 of the woken events (the driver stage on their critical path).
+pub const W_DRIVER_WOKEN_SUM: u32 = 7;
+/// Counters `W_SUM + h`: sum in ns of histogram `h`'s values (`h` < `H_CLASS`).
+pub const W_SUM: u32 = 8;
+pub const NR_WCOUNTERS: u32 = W_SUM + H_CLASS;
+
+/// Per thread slot and CPU: counters, placement classes and the CPUs of the stages.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WfCounts {
+    pub counters: [u64; NR_WCOUNTERS as usize],
+    /// Events per placement class (handler CPU against the waiter's CPU).
+    pub classes: [u64; NR_CLASSES as usize],
+    /// Events per CPU that ran the handler (T1).
+    pub handler_cpu: [u64; WF_CPUS as usize],
+    /// Events per CPU the waiter ran on: T3's for woken events, T4's for the others.
+    pub waiter_cpu: [u64; WF_CPUS as usize],
+    /// Events per CPU of the read's return (T4).
+    pub read_cpu: [u64; WF_CPUS as usize],
+}
+
+/// One histogram (same slots as the probe rows; see `hist_slot`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WfHist {
+    pub slots: [u64; HIST_SLOTS as usize],
+}
+
+/// Who owns a thread slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WfThread {
+    pub tid: u32,
+    pub tgid: u32,
+    /// The thread's name when it took the slot.
+    pub comm: [u8; 16],
+}
+
+/// One completion event, as sampled (`--sample N`). Times in ns of CLOCK_MONOTONIC; T2 = T3 = 0
+/// for events whose reader was awake; T0 = 0 without a driver stamp.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WfSample {
+    pub t0: u64,
+    pub t1: u64,
+    pub t2: u64,
+    pub t3: u64,
+    pub t4: u64,
+    pub tid: u32,
+    pub tgid: u32,
+    /// CPUs of T1, T2's target, T3 and T4 (u32::MAX: none).
+    pub cpu_handler: u32,
+    pub cpu_target: u32,
+    pub cpu_on: u32,
+    pub cpu_read: u32,
+    /// SF_* bits.
+    pub flags: u32,
+    pub class: u32,
+}
+
+/// Sample flag: the reader was woken inside the event's handler.
+pub const SF_WOKEN: u32 = 1;
+/// Sample flag: woken, but never switched in after the wake-up (T3 = T2).
+pub const SF_NO_SWITCH: u32 = 2;
+
+/// Offsets the loader patches in (`WF_CONFIG` global).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WfConfig {
+    /// `struct file`'s `private_data`.
+    pub file_private_data: u32,
+    /// `struct ib_uverbs_completion_event_file`'s `ev_queue`.
+    pub ev_queue: u32,
+    /// `sched_waking` tracepoint record: `pid` and `target_cpu`.
+    pub waking_pid: u32,
+    pub waking_target_cpu: u32,
+    /// `sched_switch` tracepoint record: `next_pid`.
+    pub switch_next_pid: u32,
+    pub _pad: u32,
+    /// Samples to emit at most, per CPU (0: none).
+    pub sample_max: u64,
+}
+
+impl WfConfig {
+    pub const UNSET: WfConfig = WfConfig {
+        file_private_data: 0,
+        ev_queue: 0,
+        waking_pid: 0,
+        waking_target_cpu: 0,
+        switch_next_pid: 0,
+        _pad: 0,
+        sample_max: 0,
+    };
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY (all): repr(C), Copy, integer fields and arrays without padding; any bit pattern
+    // is a valid value.
+    unsafe impl aya::Pod for super::WfCounts {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::WfHist {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::WfThread {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::WfConfig {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_cpu_values_fit_and_have_no_padding() {
+        assert!(core::mem::size_of::<WfCounts>() <= 32 * 1024);
+        assert_eq!(
+            core::mem::size_of::<WfCounts>(),
+            8 * (NR_WCOUNTERS + NR_CLASSES + 3 * WF_CPUS) as usize
+        );
+        assert_eq!(core::mem::size_of::<WfSample>(), 5 * 8 + 8 * 4);
+        assert_eq!(core::mem::size_of::<WfConfig>(), 32);
+        assert_eq!(core::mem::size_of::<WfThread>(), 24);
+    }
+}

@@ -1,0 +1,548 @@
+//! The completion waterfall: per completion event, T0 (driver) → T1 (`ib_uverbs_comp_handler`)
+//! → T2 (its waiter woken, `sched_waking` inside the handler) → T3 (the waiter on a CPU,
+//! `sched_switch`) → T4 (`ib_uverbs_comp_event_read` returns), aggregated per reading thread.
+//!
+//! Keys, so that concurrent waiters never mix:
+//! - T0 → T1: rxe posts a CQE (`rxe_cq_post`) and may run the handler later from a tasklet:
+//!   keyed by the CQ (`struct rxe_cq` starts with its `ib_cq`); T0 is the first CQE posted
+//!   since the CQ was armed (`rxe_req_notify_cq`), the one that raised the event. mlx5 calls the handler nested
+//!   in `mlx5_ib_cq_comp`: a per-CPU stamp.
+//! - T1 → T2: the handler runs on one CPU and `sched_waking` fires inside it, on that CPU: a
+//!   per-CPU "handler in progress" slot names the channel and the event.
+//! - Each handler call appends its event to its channel's queue (`ev_queue`, the handler's
+//!   `cq_context`); each read takes the oldest one of its channel (`filp->private_data` +
+//!   offset of `ev_queue`, offsets from BTF): the kernel's own FIFO, mirrored.
+//! - From T2 on, the woken thread is the key (`WF_WAKE`), and the wake-up names its event, so a
+//!   read counts it as woken only if it reads that very event. T3 is the first switch-in after
+//!   T2; a thread woken before it slept has none (T3 = T2).
+//!
+//! At the read, T2 and T3 are clamped into [T1, T4]: the stages partition T1→T4 exactly.
+//! Only threads woken inside a handler are in `WF_WAKE`, so `sched_switch` costs one hash
+//! lookup for everyone else, and `sched_waking` one per-CPU read outside handlers.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
+        bpf_probe_read_kernel,
+    },
+    macros::{kprobe, kretprobe, map, tracepoint},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
+};
+use rdma_trace_common::{
+    hist_slot,
+    waterfall::{
+        CLASS_UNKNOWN, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, NR_CLASSES,
+        SF_NO_SWITCH, SF_WOKEN, W_AWAKE, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER,
+        W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_CPUS, WF_NHIST, WF_QUEUE_LEN, WF_THREADS,
+        WfConfig, WfCounts, WfHist, WfSample, WfThread,
+    },
+};
+
+use crate::{config, now};
+
+/// Offsets and the sample bound, patched by the loader.
+#[unsafe(no_mangle)]
+static WF_CONFIG: WfConfig = WfConfig::UNSET;
+
+const QMASK: u64 = WF_QUEUE_LEN as u64 - 1;
+const BPF_NOEXIST: u64 = 1;
+
+/// Events a channel's handler queued that no read has taken yet.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Queue {
+    head: u64,
+    tail: u64,
+    t0: [u64; WF_QUEUE_LEN as usize],
+    t1: [u64; WF_QUEUE_LEN as usize],
+    cpu: [u64; WF_QUEUE_LEN as usize],
+}
+
+/// The handler running on this CPU.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Handler {
+    queue: u64,
+    /// Position of its event in the channel's queue.
+    event: u64,
+    active: u64,
+}
+
+/// A thread woken inside a handler, until it reads.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Wake {
+    queue: u64,
+    event: u64,
+    t2: u64,
+    t3: u64,
+    cpu_target: u32,
+    cpu_on: u32,
+}
+
+/// A read in progress.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Reading {
+    queue: u64,
+}
+
+#[map]
+static WF_QUEUES: HashMap<u64, Queue> = HashMap::with_max_entries(1024, 0);
+/// All zero: the initial value of a new queue (too big for the BPF stack).
+#[map]
+static WF_ZERO: PerCpuArray<Queue> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static WF_HANDLER: PerCpuArray<Handler> = PerCpuArray::with_max_entries(1, 0);
+/// rxe: the first CQE posted on a CQ since its last handler call.
+#[map]
+static WF_T0_CQ: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
+/// mlx5: the driver's completion callback running on this CPU.
+#[map]
+static WF_T0_CPU: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static WF_WAKE: LruHashMap<u32, Wake> = LruHashMap::with_max_entries(4096, 0);
+#[map]
+static WF_READING: LruHashMap<u32, Reading> = LruHashMap::with_max_entries(4096, 0);
+/// Thread id → slot.
+#[map]
+static WF_SLOT_OF: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
+/// Slot → owning thread id; taken with BPF_NOEXIST, so two threads never share a slot.
+#[map]
+static WF_SLOT_OWNER: HashMap<u32, u32> = HashMap::with_max_entries(WF_THREADS, 0);
+#[map]
+static WF_THREAD: Array<WfThread> = Array::with_max_entries(WF_THREADS, 0);
+#[map]
+static WF_COUNTS: PerCpuArray<WfCounts> = PerCpuArray::with_max_entries(WF_THREADS, 0);
+/// Histogram `h` of slot `s` at `s * WF_NHIST + h`.
+#[map]
+static WF_HIST: PerCpuArray<WfHist> = PerCpuArray::with_max_entries(WF_THREADS * WF_NHIST, 0);
+/// Placement class of (handler CPU × WF_CPUS + waiter CPU), filled by the loader.
+#[map]
+static WF_CLASS: Array<u32> = Array::with_max_entries(WF_CPUS * WF_CPUS, 0);
+/// Per-event samples (`--sample N`; the loader sizes the ring).
+#[map]
+static WF_SAMPLES: RingBuf = RingBuf::with_byte_size(4096, 0);
+/// Samples emitted on this CPU.
+#[map]
+static WF_SAMPLED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn cpu() -> u32 {
+    // SAFETY: bpf_get_smp_processor_id has no preconditions.
+    unsafe { bpf_get_smp_processor_id() }
+}
+
+#[inline(always)]
+fn tid() -> u32 {
+    bpf_get_current_pid_tgid() as u32
+}
+
+// ---- T0
+
+#[kprobe]
+pub fn wf_rxe_cq_post(ctx: ProbeContext) -> u32 {
+    let cq: u64 = ctx.arg(0).unwrap_or(0);
+    if cq != 0 {
+        // The first post since the CQ was armed (or since its last handler call) raised the event.
+        let _ = WF_T0_CQ.insert(&cq, &now(), BPF_NOEXIST);
+    }
+    0
+}
+
+/// rxe_req_notify_cq(ibcq, flags): the CQ is armed; the next CQE posted raises the event.
+#[kprobe]
+pub fn wf_rxe_arm(ctx: ProbeContext) -> u32 {
+    let cq: u64 = ctx.arg(0).unwrap_or(0);
+    let _ = WF_T0_CQ.remove(&cq);
+    0
+}
+
+#[kprobe]
+pub fn wf_mlx5_cq_comp(_ctx: ProbeContext) -> u32 {
+    if let Some(p) = WF_T0_CPU.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot of a per-CPU array; programs do not re-enter on one CPU.
+        unsafe { *p = now() };
+    }
+    0
+}
+
+/// ib_uverbs_init_event_queue(ev_queue): a new channel; forget what a freed one at the same
+/// address left queued.
+#[kprobe]
+pub fn wf_queue_init(ctx: ProbeContext) -> u32 {
+    let queue: u64 = ctx.arg(0).unwrap_or(0);
+    let _ = WF_QUEUES.remove(&queue);
+    0
+}
+
+// ---- T1: ib_uverbs_comp_handler(struct ib_cq *cq, void *cq_context = ev_queue)
+
+#[kprobe]
+pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
+    let t1 = now();
+    let cq: u64 = ctx.arg(0).unwrap_or(0);
+    let queue: u64 = ctx.arg(1).unwrap_or(0);
+    // SAFETY: the value is copied out before the entry is removed.
+    let mut t0 = match unsafe { WF_T0_CQ.get(&cq) } {
+        Some(&t) => {
+            let _ = WF_T0_CQ.remove(&cq);
+            t
+        }
+        None => 0,
+    };
+    if let Some(p) = WF_T0_CPU.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot, see `wf_mlx5_cq_comp`; taken and cleared.
+        let nested = unsafe { core::mem::replace(&mut *p, 0) };
+        if t0 == 0 {
+            t0 = nested;
+        }
+    }
+    if queue == 0 {
+        return 0;
+    }
+    if WF_QUEUES.get_ptr_mut(&queue).is_none() {
+        let Some(zero) = WF_ZERO.get_ptr(0) else {
+            return 0;
+        };
+        // SAFETY: a map value pointer, valid for the call; the helper copies it.
+        let _ = WF_QUEUES.insert(&queue, unsafe { &*zero }, BPF_NOEXIST);
+    }
+    let Some(q) = WF_QUEUES.get_ptr_mut(&queue) else {
+        return 0;
+    };
+    // SAFETY: a hash map value; the kernel serialises a channel's handler calls under its
+    // lock, and the reader only moves `head`.
+    let q = unsafe { &mut *q };
+    let event = q.tail;
+    let i = (event & QMASK) as usize;
+    if let (Some(a), Some(b), Some(c)) = (q.t0.get_mut(i), q.t1.get_mut(i), q.cpu.get_mut(i)) {
+        *a = t0;
+        *b = t1;
+        *c = u64::from(cpu());
+    }
+    q.tail = event + 1;
+    if q.tail - q.head > WF_QUEUE_LEN as u64 {
+        q.head = q.tail - WF_QUEUE_LEN as u64;
+        count_global(W_DROPPED);
+    }
+    if let Some(h) = WF_HANDLER.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot of a per-CPU array.
+        unsafe {
+            *h = Handler {
+                queue,
+                event,
+                active: 1,
+            }
+        };
+    }
+    0
+}
+
+#[kretprobe]
+pub fn wf_handler_return(_ctx: RetProbeContext) -> u32 {
+    if let Some(h) = WF_HANDLER.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot of a per-CPU array.
+        unsafe { (*h).active = 0 };
+    }
+    0
+}
+
+// ---- T2, T3: scheduler tracepoints (field offsets from their tracefs format files)
+
+#[tracepoint]
+pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
+    let Some(h) = WF_HANDLER.get_ptr(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot, copied.
+    let h = unsafe { *h };
+    if h.active == 0 {
+        return 0; // not inside a completion handler: not ours
+    }
+    let cfg = config(&WF_CONFIG);
+    // SAFETY: offsets of fields of this tracepoint's record, read from its format file.
+    let pid: i32 = unsafe { ctx.read_at(cfg.waking_pid as usize) }.unwrap_or(0);
+    // SAFETY: as above.
+    let target: i32 = unsafe { ctx.read_at(cfg.waking_target_cpu as usize) }.unwrap_or(-1);
+    if pid <= 0 {
+        return 0;
+    }
+    let w = Wake {
+        queue: h.queue,
+        event: h.event,
+        t2: now(),
+        t3: 0,
+        cpu_target: target as u32,
+        cpu_on: u32::MAX,
+    };
+    let _ = WF_WAKE.insert(&(pid as u32), &w, 0);
+    0
+}
+
+#[tracepoint]
+pub fn wf_sched_switch(ctx: TracePointContext) -> u32 {
+    let cfg = config(&WF_CONFIG);
+    // SAFETY: offset of `next_pid` in this tracepoint's record, from its format file.
+    let next: i32 = unsafe { ctx.read_at(cfg.switch_next_pid as usize) }.unwrap_or(0);
+    let Some(w) = WF_WAKE.get_ptr_mut(&(next as u32)) else {
+        return 0; // not a thread woken by a completion handler
+    };
+    // SAFETY: a hash map value; only this thread's switch-in and its read touch it, and a
+    // thread is switched in on one CPU at a time.
+    let w = unsafe { &mut *w };
+    if w.t3 == 0 {
+        w.t3 = now();
+        w.cpu_on = cpu();
+    }
+    0
+}
+
+// ---- T4: ib_uverbs_comp_event_read(struct file *filp, ...)
+
+#[kprobe]
+pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
+    let filp: u64 = ctx.arg(0).unwrap_or(0);
+    if filp == 0 {
+        return 0;
+    }
+    let cfg = config(&WF_CONFIG);
+    // SAFETY: bpf_probe_read_kernel checks the address; a bad one gives an error, not a fault.
+    let private: u64 =
+        unsafe { bpf_probe_read_kernel((filp + u64::from(cfg.file_private_data)) as *const u64) }
+            .unwrap_or(0);
+    if private == 0 {
+        return 0;
+    }
+    let r = Reading {
+        queue: private + u64::from(cfg.ev_queue),
+    };
+    let _ = WF_READING.insert(&tid(), &r, 0);
+    0
+}
+
+#[kretprobe]
+pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
+    let t4 = now();
+    let tid = tid();
+    // SAFETY: copied out before the entry is removed.
+    let Some(r) = (unsafe { WF_READING.get(&tid) }).copied() else {
+        return 0;
+    };
+    let _ = WF_READING.remove(&tid);
+    let ret: i64 = ctx.ret();
+    if ret <= 0 {
+        return 0; // no event returned (EAGAIN, a signal, an error)
+    }
+    let Some(slot) = thread_slot(tid) else {
+        return 0;
+    };
+    let Some(q) = WF_QUEUES.get_ptr_mut(&r.queue) else {
+        count(slot, W_UNMATCHED);
+        return 0;
+    };
+    // SAFETY: a hash map value; this read is the channel's only consumer (the kernel holds
+    // the queue lock while a read takes an event), and the handler only moves `tail`.
+    let q = unsafe { &mut *q };
+    if q.head >= q.tail {
+        count(slot, W_UNMATCHED);
+        return 0;
+    }
+    let event = q.head;
+    q.head = event + 1;
+    let i = (event & QMASK) as usize;
+    let (Some(&t0), Some(&t1), Some(&cpu1)) = (q.t0.get(i), q.t1.get(i), q.cpu.get(i)) else {
+        return 0;
+    };
+    let cpu4 = cpu();
+    let mut s = WfSample {
+        t0,
+        t1,
+        t2: 0,
+        t3: 0,
+        t4,
+        tid,
+        tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        cpu_handler: cpu1 as u32,
+        cpu_target: u32::MAX,
+        cpu_on: cpu4,
+        cpu_read: cpu4,
+        flags: 0,
+        class: CLASS_UNKNOWN,
+    };
+    // SAFETY: copied out; removed below when consumed or stale.
+    if let Some(w) = unsafe { WF_WAKE.get(&tid) }.copied() {
+        if w.queue == r.queue && w.event == event {
+            let t2 = w.t2.max(t1).min(t4);
+            s.t2 = t2;
+            s.flags = SF_WOKEN;
+            s.cpu_target = w.cpu_target;
+            if w.t3 == 0 {
+                s.t3 = t2;
+                s.flags |= SF_NO_SWITCH;
+            } else {
+                s.t3 = w.t3.max(t2).min(t4);
+                s.cpu_on = w.cpu_on;
+            }
+            let _ = WF_WAKE.remove(&tid);
+        } else if w.queue != r.queue || w.event < event {
+            // A wake-up for an event this thread will never read from here: stale.
+            let _ = WF_WAKE.remove(&tid);
+        }
+    }
+    s.class = class(s.cpu_handler, s.cpu_on);
+    record(slot, &s);
+    0
+}
+
+#[inline(always)]
+fn class(handler: u32, waiter: u32) -> u32 {
+    if handler >= WF_CPUS || waiter >= WF_CPUS {
+        return CLASS_UNKNOWN;
+    }
+    WF_CLASS
+        .get(handler * WF_CPUS + waiter)
+        .copied()
+        .unwrap_or(CLASS_UNKNOWN)
+}
+
+// ---- aggregation per thread slot
+
+/// This thread's slot, taken on its first event; the last slot when all are taken.
+#[inline(always)]
+fn thread_slot(tid: u32) -> Option<u32> {
+    // SAFETY: copied out at once.
+    if let Some(&s) = unsafe { WF_SLOT_OF.get(&tid) } {
+        return Some(s);
+    }
+    let mut slot = WF_THREADS - 1;
+    let start = tid % (WF_THREADS - 1);
+    for k in 0..WF_THREADS - 1 {
+        let s = (start + k) % (WF_THREADS - 1);
+        if WF_SLOT_OWNER.insert(&s, &tid, BPF_NOEXIST).is_ok() {
+            slot = s;
+            break;
+        }
+    }
+    if let Some(t) = WF_THREAD.get_ptr_mut(slot) {
+        let info = WfThread {
+            tid: if slot == WF_THREADS - 1 { 0 } else { tid },
+            tgid: if slot == WF_THREADS - 1 {
+                0
+            } else {
+                (bpf_get_current_pid_tgid() >> 32) as u32
+            },
+            comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        };
+        // SAFETY: an array map value; the slot is this thread's own (or the shared last one,
+        // whose name is only a hint).
+        unsafe { *t = info };
+    }
+    let _ = WF_SLOT_OF.insert(&tid, &slot, 0);
+    Some(slot)
+}
+
+#[inline(always)]
+fn count(slot: u32, counter: u32) {
+    if let Some(c) = WF_COUNTS.get_ptr_mut(slot) {
+        // SAFETY: this CPU's value of a per-CPU array; programs do not re-enter on one CPU.
+        if let Some(v) = unsafe { (*c).counters.get_mut(counter as usize) } {
+            *v += 1;
+        }
+    }
+}
+
+/// Global counters (no thread to blame) go to the last slot.
+#[inline(always)]
+fn count_global(counter: u32) {
+    count(WF_THREADS - 1, counter);
+}
+
+#[inline(always)]
+fn hist(slot: u32, h: u32, value: u64) {
+    if let Some(row) = WF_HIST.get_ptr_mut(slot * WF_NHIST + h) {
+        let i = hist_slot(value) as usize;
+        // SAFETY: a volatile read of a local: keeps the bounds check visible to the verifier.
+        let i = unsafe { core::ptr::read_volatile(&i) };
+        // SAFETY: this CPU's value of a per-CPU array.
+        if let Some(s) = unsafe { (*row).slots.get_mut(i) } {
+            *s += 1;
+        }
+    }
+}
+
+#[inline(always)]
+fn add(c: &mut WfCounts, h: u32, slot: u32, value: u64) {
+    if let Some(v) = c.counters.get_mut((W_SUM + h) as usize) {
+        *v += value;
+    }
+    hist(slot, h, value);
+}
+
+#[inline(always)]
+fn bump(a: &mut [u64; WF_CPUS as usize], cpu: u32) {
+    if let Some(v) = a.get_mut(cpu as usize) {
+        *v += 1;
+    }
+}
+
+#[inline(always)]
+fn record(slot: u32, s: &WfSample) {
+    let Some(c) = WF_COUNTS.get_ptr_mut(slot) else {
+        return;
+    };
+    // SAFETY: this CPU's value of a per-CPU array; programs do not re-enter on one CPU.
+    let c = unsafe { &mut *c };
+    c.counters[W_EVENTS as usize] += 1;
+    if s.t0 != 0 && s.t0 <= s.t1 {
+        add(c, H_DRIVER, slot, s.t1 - s.t0);
+        if s.flags & SF_WOKEN != 0 {
+            c.counters[W_DRIVER_WOKEN_SUM as usize] += s.t1 - s.t0;
+        }
+    } else {
+        c.counters[W_NO_DRIVER as usize] += 1;
+    }
+    if s.flags & SF_WOKEN != 0 {
+        c.counters[W_WOKEN as usize] += 1;
+        if s.flags & SF_NO_SWITCH != 0 {
+            c.counters[W_NO_SWITCH as usize] += 1;
+        }
+        add(c, H_WAKE, slot, s.t2 - s.t1);
+        add(c, H_RUNQ, slot, s.t3 - s.t2);
+        add(c, H_READ, slot, s.t4 - s.t3);
+        if s.class < NR_CLASSES {
+            hist(slot, H_CLASS + s.class, s.t3 - s.t2);
+        }
+    } else {
+        c.counters[W_AWAKE as usize] += 1;
+        add(c, H_AWAKE, slot, s.t4.saturating_sub(s.t1));
+    }
+    add(c, H_TOTAL, slot, s.t4.saturating_sub(s.t1));
+    if let Some(v) = c.classes.get_mut(s.class as usize) {
+        *v += 1;
+    }
+    bump(&mut c.handler_cpu, s.cpu_handler);
+    bump(&mut c.waiter_cpu, s.cpu_on);
+    bump(&mut c.read_cpu, s.cpu_read);
+    sample(s);
+}
+
+#[inline(always)]
+fn sample(s: &WfSample) {
+    let max = config(&WF_CONFIG).sample_max;
+    if max == 0 {
+        return;
+    }
+    let Some(n) = WF_SAMPLED.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's value of a per-CPU array.
+    let n = unsafe { &mut *n };
+    if *n >= max {
+        return;
+    }
+    if WF_SAMPLES.output::<WfSample>(s, 0).is_ok() {
+        *n += 1;
+    }
+}

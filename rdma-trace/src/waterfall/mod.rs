@@ -1,0 +1,515 @@
+//! The completion waterfall (loader side): attach the programs of
+//! `rdma-trace-ebpf/src/waterfall.rs`, read their per-thread rows, and turn them into stage
+//! tables, CPU placement and the poll/event explanation.
+//!
+//! It loads its own copy of the eBPF object (its maps and programs only are used), so it
+//! comes and goes independently of the probe table's session.
+
+pub mod btf;
+pub mod model;
+pub mod topology;
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, MapData, PerCpuArray, RingBuf},
+    programs::{KProbe, TracePoint},
+};
+use rdma_trace_common::waterfall::{
+    CLASS_UNKNOWN, WF_CPUS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfHist, WfSample, WfThread,
+};
+
+pub use self::model::{Snapshot, WaterfallReport};
+use self::{btf::Btf, topology::Topology};
+use crate::{bpf::chain, error::Unsupported, hist::Histogram};
+
+/// The tracefs format file of `event` (`sched/sched_switch`), from the usual mount points.
+fn tracefs_format(event: &str) -> Result<String> {
+    for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
+        if let Ok(s) = std::fs::read_to_string(format!("{root}/events/{event}/format")) {
+            return Ok(s);
+        }
+    }
+    Err(anyhow!(Unsupported(format!(
+        "no tracefs format file for {event} (is tracefs mounted at /sys/kernel/tracing?)"
+    ))))
+}
+
+/// Offset of `field` in a tracepoint record, from its tracefs format text.
+pub fn format_offset(format: &str, field: &str) -> Option<u32> {
+    format.lines().find_map(|line| {
+        let decl = line.split("field:").nth(1)?.split(';').next()?;
+        let name = decl.split_whitespace().last()?;
+        let name = name.split('[').next()?.trim_start_matches('*');
+        if name != field {
+            return None;
+        }
+        line.split("offset:")
+            .nth(1)?
+            .split(';')
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+fn need_offset(event: &str, field: &str) -> Result<u32> {
+    let f = tracefs_format(event)?;
+    format_offset(&f, field).with_context(|| format!("tracepoint {event} has no field {field}"))
+}
+
+/// Offsets of `struct file`'s `private_data` and of the completion channel's `ev_queue`, from
+/// the kernel's BTF and ib_uverbs' module BTF.
+fn btf_offsets(root: &Path) -> Result<(u32, u32)> {
+    let dir = root.join("sys/kernel/btf");
+    let vmlinux = std::fs::read(dir.join("vmlinux")).map_err(|e| {
+        anyhow!(Unsupported(format!(
+            "the waterfall needs kernel BTF ({}: {e})",
+            dir.join("vmlinux").display()
+        )))
+    })?;
+    let base = Btf::parse(&vmlinux, None).context("parsing vmlinux BTF")?;
+    let private = base
+        .member_offset("file", "private_data")
+        .context("vmlinux BTF")?;
+    let module = std::fs::read(dir.join("ib_uverbs")).map_err(|e| {
+        anyhow!(Unsupported(format!(
+            "the waterfall needs ib_uverbs' BTF ({}: {e}): is ib_uverbs loaded?",
+            dir.join("ib_uverbs").display()
+        )))
+    })?;
+    let split = Btf::parse(&module, Some(base)).context("parsing ib_uverbs BTF")?;
+    let ev_queue = split
+        .member_offset("ib_uverbs_completion_event_file", "ev_queue")
+        .context("ib_uverbs BTF")?;
+    Ok((private, ev_queue))
+}
+
+/// What the loader attached (for the attach table).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AttachNote {
+    pub program: &'static str,
+    pub target: String,
+    /// None: attached; else why not.
+    pub skipped: Option<String>,
+}
+
+pub struct Waterfall {
+    ebpf: Ebpf,
+    pub notes: Vec<AttachNote>,
+    samples: Option<RingBuf<MapData>>,
+    /// Samples read so far (bounded by `sample_max`).
+    taken: Vec<WfSample>,
+    sample_max: usize,
+}
+
+/// Size of one sample in the ring (record + 8-byte header, 8-aligned).
+const SAMPLE_BYTES: usize = std::mem::size_of::<WfSample>() + 8;
+
+impl Waterfall {
+    /// Load and attach. `sample`: keep up to this many per-event records.
+    pub fn start(sample: usize) -> Result<Waterfall> {
+        let root = Path::new("/");
+        let (file_private_data, ev_queue) = btf_offsets(root)?;
+        let cfg = WfConfig {
+            file_private_data,
+            ev_queue,
+            waking_pid: need_offset("sched/sched_waking", "pid")?,
+            waking_target_cpu: need_offset("sched/sched_waking", "target_cpu")?,
+            switch_next_pid: need_offset("sched/sched_switch", "next_pid")?,
+            _pad: 0,
+            sample_max: sample as u64,
+        };
+        let ncpu = aya::util::nr_cpus().map_err(|(_, e)| anyhow!("counting CPUs: {e}"))?;
+        let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)
+            .next_power_of_two()
+            .clamp(4096, 1 << 28) as u32;
+        let mut ebpf = EbpfLoader::new()
+            .override_global("WF_CONFIG", &cfg, true)
+            .map_max_entries("WF_SAMPLES", ring)
+            .load(crate::bpf::OBJECT)
+            .map_err(|e| anyhow!("loading the eBPF object for the waterfall: {}", chain(&e)))?;
+        let topology = Topology::read(root);
+        {
+            let mut classes: Array<&mut MapData, u32> = Array::try_from(
+                ebpf.map_mut("WF_CLASS")
+                    .context("map WF_CLASS is not in the eBPF object")?,
+            )?;
+            for a in 0..WF_CPUS {
+                for b in 0..WF_CPUS {
+                    let c = topology.class(a, b);
+                    if c != CLASS_UNKNOWN {
+                        classes
+                            .set(a * WF_CPUS + b, c, 0)
+                            .map_err(|e| anyhow!("filling WF_CLASS: {}", chain(&e)))?;
+                    }
+                }
+            }
+        }
+        let samples = if sample > 0 {
+            let m = ebpf
+                .take_map("WF_SAMPLES")
+                .context("map WF_SAMPLES is not in the eBPF object")?;
+            Some(RingBuf::try_from(m).context("WF_SAMPLES is not a ring buffer")?)
+        } else {
+            None
+        };
+        let mut wf = Waterfall {
+            ebpf,
+            notes: Vec::new(),
+            samples,
+            taken: Vec::new(),
+            sample_max: sample,
+        };
+        // Consumers before producers: a read seen without its handler only counts unmatched.
+        let required: [(&'static str, &str, bool); 6] = [
+            ("wf_read_entry", "ib_uverbs_comp_event_read", false),
+            ("wf_read_return", "ib_uverbs_comp_event_read", false),
+            ("wf_sched_switch", "sched/sched_switch", true),
+            ("wf_sched_waking", "sched/sched_waking", true),
+            ("wf_handler_return", "ib_uverbs_comp_handler", false),
+            ("wf_handler_entry", "ib_uverbs_comp_handler", false),
+        ];
+        for (prog, target, tp) in required {
+            let r = if tp {
+                wf.tracepoint(prog, target)
+            } else {
+                wf.kprobe(prog, target)
+            };
+            r.map_err(|e| {
+                anyhow!(Unsupported(format!(
+                    "the waterfall could not attach {prog} to {target}: {e:#}"
+                )))
+            })?;
+            wf.notes.push(AttachNote {
+                program: prog,
+                target: target.to_owned(),
+                skipped: None,
+            });
+        }
+        // Optional: driver time stamps (T0) and the reset of a channel's queue when a new one
+        // is made (a freed channel's address can come back).
+        for (prog, target) in [
+            ("wf_rxe_arm", "rxe_req_notify_cq"),
+            ("wf_rxe_cq_post", "rxe_cq_post"),
+            ("wf_mlx5_cq_comp", "mlx5_ib_cq_comp"),
+            ("wf_queue_init", "ib_uverbs_init_event_queue"),
+        ] {
+            let skipped = wf.kprobe(prog, target).err().map(|e| format!("{e:#}"));
+            wf.notes.push(AttachNote {
+                program: prog,
+                target: target.to_owned(),
+                skipped,
+            });
+        }
+        Ok(wf)
+    }
+
+    fn kprobe(&mut self, prog: &str, function: &str) -> Result<()> {
+        let p: &mut KProbe = self
+            .ebpf
+            .program_mut(prog)
+            .with_context(|| format!("program {prog} is not in the eBPF object"))?
+            .try_into()?;
+        p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
+        p.attach(function, 0)
+            .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
+        Ok(())
+    }
+
+    fn tracepoint(&mut self, prog: &str, event: &str) -> Result<()> {
+        let (cat, name) = event.split_once('/').expect("category/name");
+        let p: &mut TracePoint = self
+            .ebpf
+            .program_mut(prog)
+            .with_context(|| format!("program {prog} is not in the eBPF object"))?
+            .try_into()?;
+        p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
+        p.attach(cat, name)
+            .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
+        Ok(())
+    }
+
+    /// Run count and time of every attached waterfall program (for the self-cost table).
+    pub fn program_stats(&self) -> Vec<crate::overhead::ProgramStat> {
+        self.notes
+            .iter()
+            .filter(|n| n.skipped.is_none())
+            .filter_map(|n| {
+                let info = self.ebpf.program(n.program)?.info().ok()?;
+                Some(crate::overhead::ProgramStat {
+                    name: n.program.to_owned(),
+                    target: n.target.clone(),
+                    runs: info.run_count(),
+                    run_ns: info.run_time().as_nanos() as u64,
+                })
+            })
+            .collect()
+    }
+
+    /// One line per program: attached, or why not.
+    pub fn attach_table(&self) -> String {
+        let mut out = String::new();
+        for n in &self.notes {
+            match &n.skipped {
+                None => out.push_str(&format!("  waterfall {:<18} {}\n", n.program, n.target)),
+                Some(why) => out.push_str(&format!(
+                    "  waterfall {:<18} skipped ({}): {why}\n",
+                    n.program, n.target
+                )),
+            }
+        }
+        out
+    }
+
+    /// The counters and histograms of every thread slot, summed over CPUs.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let threads: Array<&MapData, WfThread> = Array::try_from(
+            self.ebpf
+                .map("WF_THREAD")
+                .context("map WF_THREAD is not in the eBPF object")?,
+        )?;
+        let counts: PerCpuArray<&MapData, WfCounts> = PerCpuArray::try_from(
+            self.ebpf
+                .map("WF_COUNTS")
+                .context("map WF_COUNTS is not in the eBPF object")?,
+        )?;
+        let hists: PerCpuArray<&MapData, WfHist> = PerCpuArray::try_from(
+            self.ebpf
+                .map("WF_HIST")
+                .context("map WF_HIST is not in the eBPF object")?,
+        )?;
+        let mut snap = Snapshot::default();
+        for slot in 0..WF_THREADS {
+            let per_cpu = counts
+                .get(&slot, 0)
+                .map_err(|e| anyhow!("reading WF_COUNTS: {}", chain(&e)))?;
+            let mut sum = model::Counts::default();
+            for c in per_cpu.iter() {
+                sum.add(c);
+            }
+            if sum.is_zero() {
+                continue;
+            }
+            let info = threads
+                .get(&slot, 0)
+                .map_err(|e| anyhow!("reading WF_THREAD: {}", chain(&e)))?;
+            let mut hs = Vec::with_capacity(WF_NHIST as usize);
+            for h in 0..WF_NHIST {
+                let per_cpu = hists
+                    .get(&(slot * WF_NHIST + h), 0)
+                    .map_err(|e| anyhow!("reading WF_HIST: {}", chain(&e)))?;
+                let mut slots = vec![0u64; rdma_trace_common::HIST_SLOTS as usize];
+                for row in per_cpu.iter() {
+                    for (s, v) in slots.iter_mut().zip(row.slots) {
+                        *s += v;
+                    }
+                }
+                hs.push(Histogram::from_slots(slots));
+            }
+            snap.threads.insert(
+                slot,
+                model::ThreadData {
+                    tid: info.tid,
+                    tgid: info.tgid,
+                    comm: comm(&info.comm),
+                    counts: sum,
+                    hists: hs,
+                },
+            );
+        }
+        Ok(snap)
+    }
+
+    /// The live view's waterfall pane: every thread since `base`.
+    pub fn view(&self, base: &Snapshot) -> Result<crate::tui::WaterfallView> {
+        let now = self.snapshot()?.since(base);
+        Ok(match now.merged() {
+            Some(w) => crate::tui::WaterfallView {
+                events: w.events,
+                woken: w.woken,
+                awake: w.awake,
+                stages: ["wake", "runq", "read"]
+                    .iter()
+                    .filter_map(|k| w.stage(k))
+                    .map(|s| {
+                        let name = match s.key {
+                            "wake" => "handler → wake-up",
+                            "runq" => "run queue",
+                            _ => "on CPU → read",
+                        };
+                        (name, s.p50_ns.unwrap_or(0.0), s.p99_ns.unwrap_or(0.0))
+                    })
+                    .collect(),
+                total_mean_ns: w.total_mean_ns,
+            },
+            None => crate::tui::WaterfallView::default(),
+        })
+    }
+
+    /// Per-event samples taken so far (at most `--sample N`, in the order they were read).
+    pub fn samples(&mut self) -> &[WfSample] {
+        if let Some(rb) = self.samples.as_mut() {
+            while let Some(item) = rb.next() {
+                if self.taken.len() < self.sample_max && item.len() >= size_of::<WfSample>() {
+                    // SAFETY: the eBPF side writes whole WfSample records (repr(C), plain
+                    // integers); read_unaligned copes with the ring's 8-byte alignment.
+                    let s = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const WfSample) };
+                    self.taken.push(s);
+                }
+            }
+        }
+        &self.taken
+    }
+}
+
+/// The waterfall for `run`, or `None` with a line saying why not.
+pub fn start_or_explain(off: bool, sample: usize) -> Option<Waterfall> {
+    if off {
+        return None;
+    }
+    match Waterfall::start(sample) {
+        Ok(w) => {
+            eprint!("rdma-trace: completion waterfall:\n{}", w.attach_table());
+            Some(w)
+        }
+        Err(e) => {
+            eprintln!("rdma-trace: completion waterfall off: {e:#}");
+            None
+        }
+    }
+}
+
+/// One sampled completion event, as the JSON carries it.
+#[derive(Clone, Debug, serde::Serialize, PartialEq, Eq)]
+pub struct SampleRecord {
+    pub tid: u32,
+    pub pid: u32,
+    pub woken: bool,
+    /// Woken while still on its CPU (T3 = T2).
+    pub no_switch: bool,
+    /// CLOCK_MONOTONIC ns; t0 null without a driver stamp, t2/t3 null when the reader was awake.
+    pub t0: Option<u64>,
+    pub t1: u64,
+    pub t2: Option<u64>,
+    pub t3: Option<u64>,
+    pub t4: u64,
+    pub cpu_handler: u32,
+    pub cpu_target: Option<u32>,
+    pub cpu_on: u32,
+    pub cpu_read: u32,
+    pub class: &'static str,
+}
+
+pub fn records(samples: &[WfSample]) -> Vec<SampleRecord> {
+    use rdma_trace_common::waterfall::{SF_NO_SWITCH, SF_WOKEN};
+    samples
+        .iter()
+        .map(|s| {
+            let woken = s.flags & SF_WOKEN != 0;
+            SampleRecord {
+                tid: s.tid,
+                pid: s.tgid,
+                woken,
+                no_switch: s.flags & SF_NO_SWITCH != 0,
+                t0: (s.t0 != 0).then_some(s.t0),
+                t1: s.t1,
+                t2: woken.then_some(s.t2),
+                t3: woken.then_some(s.t3),
+                t4: s.t4,
+                cpu_handler: s.cpu_handler,
+                cpu_target: (s.cpu_target != u32::MAX).then_some(s.cpu_target),
+                cpu_on: s.cpu_on,
+                cpu_read: s.cpu_read,
+                class: topology::CLASS_NAMES
+                    .get(s.class as usize)
+                    .copied()
+                    .unwrap_or("unknown"),
+            }
+        })
+        .collect()
+}
+
+/// `--mode both`: the event − poll difference per round trip, by stage, from the demo's own
+/// mean round trips (`reports[0]` is the client) and the event phase's waterfall.
+pub fn explain_phases(
+    poll_demo: &serde_json::Value,
+    event_demo: &serde_json::Value,
+    event: Option<&WaterfallReport>,
+) -> String {
+    let rtt = |d: &serde_json::Value| {
+        d.pointer("/reports/0/round_trip_us/t_avg")
+            .and_then(|v| v.as_f64())
+            .map(|us| us * 1e3)
+    };
+    let iterations = event_demo
+        .pointer("/reports/0/iterations")
+        .and_then(|v| v.as_u64());
+    match (rtt(poll_demo), rtt(event_demo), iterations, event) {
+        (Some(p), Some(e), Some(n), Some(r)) => format!("\n{}", model::explain(p, e, n, r)),
+        (_, _, _, None) => String::new(),
+        _ => "\n(no per-stage explanation: the demo's round-trip times are missing)\n".to_owned(),
+    }
+}
+
+fn comm(raw: &[u8; 16]) -> String {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SWITCH_6_1: &str = "name: sched_switch
+ID: 316
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;
+\tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;
+\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;
+\tfield:long prev_state;\toffset:32;\tsize:8;\tsigned:1;
+\tfield:char next_comm[16];\toffset:40;\tsize:16;\tsigned:0;
+\tfield:pid_t next_pid;\toffset:56;\tsize:4;\tsigned:1;
+\tfield:int next_prio;\toffset:60;\tsize:4;\tsigned:1;
+";
+
+    const WAKING_6_1: &str = "name: sched_waking
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;
+\tfield:pid_t pid;\toffset:24;\tsize:4;\tsigned:1;
+\tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;
+\tfield:int target_cpu;\toffset:32;\tsize:4;\tsigned:1;
+";
+
+    #[test]
+    fn tracepoint_offsets_from_format_files() {
+        assert_eq!(format_offset(SWITCH_6_1, "next_pid"), Some(56));
+        assert_eq!(format_offset(SWITCH_6_1, "prev_pid"), Some(24));
+        assert_eq!(format_offset(SWITCH_6_1, "next_comm"), Some(40));
+        assert_eq!(
+            format_offset(SWITCH_6_1, "pid"),
+            None,
+            "common_pid is not pid"
+        );
+        assert_eq!(format_offset(WAKING_6_1, "pid"), Some(24));
+        assert_eq!(format_offset(WAKING_6_1, "target_cpu"), Some(32));
+        assert_eq!(format_offset("garbage", "pid"), None);
+    }
+
+    #[test]
+    fn comm_stops_at_nul() {
+        let mut raw = [0u8; 16];
+        raw[..4].copy_from_slice(b"demo");
+        assert_eq!(comm(&raw), "demo");
+        assert_eq!(comm(&[b'x'; 16]), "x".repeat(16));
+    }
+}

@@ -1,0 +1,657 @@
+//! Waterfall data as read from the maps, differences between snapshots, and the reports
+//! built from them (text and JSON).
+
+use std::collections::BTreeMap;
+
+use rdma_trace_common::waterfall::{
+    H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, NR_CLASSES, NR_WCOUNTERS, W_AWAKE,
+    W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN,
+    WF_CPUS, WF_NHIST, WfCounts,
+};
+use serde::Serialize;
+
+use super::topology::CLASS_NAMES;
+use crate::hist::{Bucket, Histogram, human_ns_f};
+
+/// Counters of one thread, summed over CPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Counts {
+    pub counters: [u64; NR_WCOUNTERS as usize],
+    pub classes: [u64; NR_CLASSES as usize],
+    pub handler_cpu: [u64; WF_CPUS as usize],
+    pub waiter_cpu: [u64; WF_CPUS as usize],
+    pub read_cpu: [u64; WF_CPUS as usize],
+}
+
+impl Default for Counts {
+    fn default() -> Self {
+        Counts {
+            counters: [0; NR_WCOUNTERS as usize],
+            classes: [0; NR_CLASSES as usize],
+            handler_cpu: [0; WF_CPUS as usize],
+            waiter_cpu: [0; WF_CPUS as usize],
+            read_cpu: [0; WF_CPUS as usize],
+        }
+    }
+}
+
+fn add_all(a: &mut [u64], b: &[u64]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x += y;
+    }
+}
+
+fn sub_all(a: &mut [u64], b: &[u64]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = x.saturating_sub(*y);
+    }
+}
+
+impl Counts {
+    pub fn add(&mut self, c: &WfCounts) {
+        add_all(&mut self.counters, &c.counters);
+        add_all(&mut self.classes, &c.classes);
+        add_all(&mut self.handler_cpu, &c.handler_cpu);
+        add_all(&mut self.waiter_cpu, &c.waiter_cpu);
+        add_all(&mut self.read_cpu, &c.read_cpu);
+    }
+
+    fn merge(&mut self, c: &Counts) {
+        add_all(&mut self.counters, &c.counters);
+        add_all(&mut self.classes, &c.classes);
+        add_all(&mut self.handler_cpu, &c.handler_cpu);
+        add_all(&mut self.waiter_cpu, &c.waiter_cpu);
+        add_all(&mut self.read_cpu, &c.read_cpu);
+    }
+
+    fn subtract(&mut self, c: &Counts) {
+        sub_all(&mut self.counters, &c.counters);
+        sub_all(&mut self.classes, &c.classes);
+        sub_all(&mut self.handler_cpu, &c.handler_cpu);
+        sub_all(&mut self.waiter_cpu, &c.waiter_cpu);
+        sub_all(&mut self.read_cpu, &c.read_cpu);
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.counters.iter().all(|&c| c == 0)
+    }
+
+    pub fn get(&self, counter: u32) -> u64 {
+        self.counters[counter as usize]
+    }
+}
+
+/// One thread slot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThreadData {
+    /// 0 for the shared last slot (threads that found no free one).
+    pub tid: u32,
+    pub tgid: u32,
+    pub comm: String,
+    pub counts: Counts,
+    /// `WF_NHIST` histograms (see `rdma_trace_common::waterfall::H_*`).
+    pub hists: Vec<Histogram>,
+}
+
+impl ThreadData {
+    fn merge(&mut self, o: &ThreadData) {
+        self.counts.merge(&o.counts);
+        for (a, b) in self.hists.iter_mut().zip(&o.hists) {
+            *a = a.add(b);
+        }
+    }
+}
+
+/// Every thread slot with data, by slot.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub threads: BTreeMap<u32, ThreadData>,
+}
+
+impl Snapshot {
+    /// What was added since `before` (threads without new events are left out).
+    pub fn since(&self, before: &Snapshot) -> Snapshot {
+        let mut out = Snapshot::default();
+        for (slot, t) in &self.threads {
+            let mut d = t.clone();
+            if let Some(b) = before.threads.get(slot) {
+                d.counts.subtract(&b.counts);
+                d.hists = t
+                    .hists
+                    .iter()
+                    .zip(&b.hists)
+                    .map(|(a, b)| a.subtract(b))
+                    .collect();
+            }
+            if !d.counts.is_zero() {
+                out.threads.insert(*slot, d);
+            }
+        }
+        out
+    }
+}
+
+impl Snapshot {
+    /// Every thread's counters and histograms summed (None without any).
+    pub fn merged_data(&self) -> Option<ThreadData> {
+        let mut it = self.threads.values();
+        let mut sum = it.next()?.clone();
+        for t in it {
+            sum.merge(t);
+        }
+        Some(sum)
+    }
+
+    /// Every thread merged into one waterfall (None without any).
+    pub fn merged(&self) -> Option<Waterfall> {
+        self.merged_data().map(|t| Waterfall::from_data(&t))
+    }
+}
+
+/// One stage of the waterfall.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Stage {
+    /// `driver`, `wake`, `runq`, `read`, `awake`, `total`.
+    pub key: &'static str,
+    pub name: &'static str,
+    /// Time stamps it spans (`T1→T2`).
+    pub span: &'static str,
+    /// Events that have this stage.
+    pub count: u64,
+    pub sum_ns: u64,
+    /// Mean over the events that have this stage.
+    pub mean_ns: Option<f64>,
+    /// Sum divided by every event of the waterfall: what the stage adds to the mean T1→T4.
+    pub per_event_ns: Option<f64>,
+    /// Share of the summed T1→T4 (the driver stage lies before T1: its share is relative too).
+    pub share: Option<f64>,
+    pub p50_ns: Option<f64>,
+    pub p90_ns: Option<f64>,
+    pub p99_ns: Option<f64>,
+    /// Power-of-two rows.
+    pub log2: Vec<Bucket>,
+}
+
+/// Stage keys, names and spans, by histogram number (the T1→T4 partition is wake + runq +
+/// read for woken events, awake for the others).
+pub const STAGES: [(u32, &str, &str, &str); 6] = [
+    (H_DRIVER, "driver", "driver → handler", "T0→T1"),
+    (H_WAKE, "wake", "handler → wake-up", "T1→T2"),
+    (H_RUNQ, "runq", "wake-up → on CPU (run queue)", "T2→T3"),
+    (H_READ, "read", "on CPU → read returns", "T3→T4"),
+    (H_AWAKE, "awake", "already awake: handler → read", "T1→T4"),
+    (H_TOTAL, "total", "total, measured directly", "T1→T4"),
+];
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Placement {
+    pub class: &'static str,
+    pub count: u64,
+    pub share: Option<f64>,
+    /// Wake-up → on CPU of the woken events of this class.
+    pub runq_p50_ns: Option<f64>,
+    pub runq_p99_ns: Option<f64>,
+}
+
+/// The waterfall of one thread or process.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Waterfall {
+    pub events: u64,
+    pub woken: u64,
+    pub awake: u64,
+    /// Woken while still on its CPU: no switch-in after the wake-up (T3 = T2).
+    pub woken_on_cpu: u64,
+    pub no_driver_stamp: u64,
+    pub unmatched_reads: u64,
+    pub dropped: u64,
+    /// Sum of T0→T1 over the woken events (their driver stage).
+    pub driver_woken_sum_ns: u64,
+    /// driver, wake, runq, read, awake, total.
+    pub stages: Vec<Stage>,
+    /// Sum of the partition stages' per-event means (wake + runq + read + awake).
+    pub stages_per_event_ns: Option<f64>,
+    pub total_mean_ns: Option<f64>,
+    pub placement: Vec<Placement>,
+    /// Events per CPU (only CPUs with events): the handler's, the waiter's (on-CPU), the read's.
+    pub handler_cpus: BTreeMap<u32, u64>,
+    pub waiter_cpus: BTreeMap<u32, u64>,
+    pub read_cpus: BTreeMap<u32, u64>,
+}
+
+fn cpus(a: &[u64]) -> BTreeMap<u32, u64> {
+    a.iter()
+        .enumerate()
+        .filter(|(_, c)| **c != 0)
+        .map(|(i, c)| (i as u32, *c))
+        .collect()
+}
+
+fn ratio(a: f64, b: u64) -> Option<f64> {
+    (b != 0).then(|| a / b as f64)
+}
+
+impl Waterfall {
+    pub fn from_data(t: &ThreadData) -> Waterfall {
+        let c = &t.counts;
+        let events = c.get(W_EVENTS);
+        let total_sum = c.get(W_SUM + H_TOTAL);
+        let stages: Vec<Stage> = STAGES
+            .iter()
+            .map(|&(h, key, name, span)| {
+                let hist = &t.hists[h as usize];
+                let sum = c.get(W_SUM + h);
+                let count = hist.count();
+                Stage {
+                    key,
+                    name,
+                    span,
+                    count,
+                    sum_ns: sum,
+                    mean_ns: ratio(sum as f64, count),
+                    per_event_ns: ratio(sum as f64, events),
+                    share: ratio(sum as f64, total_sum),
+                    p50_ns: hist.quantile(0.5),
+                    p90_ns: hist.quantile(0.9),
+                    p99_ns: hist.quantile(0.99),
+                    log2: hist.log2_rows(),
+                }
+            })
+            .collect();
+        let partition: u64 = [H_WAKE, H_RUNQ, H_READ, H_AWAKE]
+            .iter()
+            .map(|&h| c.get(W_SUM + h))
+            .sum();
+        let placed: u64 = c.classes.iter().sum();
+        let placement = (0..NR_CLASSES)
+            .map(|k| {
+                let h = &t.hists[(H_CLASS + k) as usize];
+                Placement {
+                    class: CLASS_NAMES[k as usize],
+                    count: c.classes[k as usize],
+                    share: ratio(c.classes[k as usize] as f64, placed),
+                    runq_p50_ns: h.quantile(0.5),
+                    runq_p99_ns: h.quantile(0.99),
+                }
+            })
+            .collect();
+        Waterfall {
+            events,
+            woken: c.get(W_WOKEN),
+            awake: c.get(W_AWAKE),
+            woken_on_cpu: c.get(W_NO_SWITCH),
+            no_driver_stamp: c.get(W_NO_DRIVER),
+            unmatched_reads: c.get(W_UNMATCHED),
+            dropped: c.get(W_DROPPED),
+            driver_woken_sum_ns: c.get(W_DRIVER_WOKEN_SUM),
+            stages,
+            stages_per_event_ns: ratio(partition as f64, events),
+            total_mean_ns: ratio(total_sum as f64, events),
+            placement,
+            handler_cpus: cpus(&c.handler_cpu),
+            waiter_cpus: cpus(&c.waiter_cpu),
+            read_cpus: cpus(&c.read_cpu),
+        }
+    }
+
+    pub fn stage(&self, key: &str) -> Option<&Stage> {
+        self.stages.iter().find(|s| s.key == key)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ThreadReport {
+    pub tid: u32,
+    pub comm: String,
+    #[serde(flatten)]
+    pub waterfall: Waterfall,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ProcessReport {
+    /// 0: threads that found no free slot (all processes mixed).
+    pub pid: u32,
+    pub comm: String,
+    #[serde(flatten)]
+    pub waterfall: Waterfall,
+    pub threads: Vec<ThreadReport>,
+}
+
+/// What the JSON carries per phase.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct WaterfallReport {
+    pub processes: Vec<ProcessReport>,
+}
+
+impl WaterfallReport {
+    pub fn from_snapshot(s: &Snapshot) -> WaterfallReport {
+        let mut by_pid: BTreeMap<u32, (ThreadData, Vec<&ThreadData>)> = BTreeMap::new();
+        for t in s.threads.values() {
+            let e = by_pid.entry(t.tgid).or_insert_with(|| {
+                let mut z = t.clone();
+                z.counts = Counts::default();
+                z.hists = vec![Histogram::default(); WF_NHIST as usize];
+                (z, Vec::new())
+            });
+            e.0.merge(t);
+            // The process is named after its main thread when it has events.
+            if t.tid == t.tgid {
+                e.0.comm = t.comm.clone();
+            }
+            e.1.push(t);
+        }
+        WaterfallReport {
+            processes: by_pid
+                .into_iter()
+                .map(|(pid, (sum, threads))| ProcessReport {
+                    pid,
+                    comm: if pid == 0 {
+                        "(threads beyond the slots)".to_owned()
+                    } else {
+                        sum.comm.clone()
+                    },
+                    waterfall: Waterfall::from_data(&sum),
+                    threads: threads
+                        .iter()
+                        .map(|t| ThreadReport {
+                            tid: t.tid,
+                            comm: t.comm.clone(),
+                            waterfall: Waterfall::from_data(t),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn us(v: Option<f64>) -> String {
+    v.map(human_ns_f).unwrap_or_else(|| "-".to_owned())
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map(|v| format!("{:.1}%", v * 100.0))
+        .unwrap_or_else(|| "-".to_owned())
+}
+
+/// The waterfall table and the placement table of one process or thread.
+pub fn render(title: &str, w: &Waterfall) -> String {
+    let mut out = format!(
+        "{title}: {} events, {} woken in their handler ({} of them still on a CPU), {} found their waiter awake\n",
+        w.events, w.woken, w.woken_on_cpu, w.awake
+    );
+    out.push_str(&format!(
+        "  {:<32} {:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
+        "stage", "span", "n", "p50", "p90", "p99", "mean", "share"
+    ));
+    for s in &w.stages {
+        out.push_str(&format!(
+            "  {:<32} {:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
+            s.name,
+            s.span,
+            s.count,
+            us(s.p50_ns),
+            us(s.p90_ns),
+            us(s.p99_ns),
+            us(s.mean_ns),
+            pct(s.share)
+        ));
+    }
+    out.push_str(&format!(
+        "  per event: stages add up to {} (wake-up + run queue + read + already awake), measured T1→T4 mean {}\n",
+        us(w.stages_per_event_ns),
+        us(w.total_mean_ns)
+    ));
+    if w.unmatched_reads + w.no_driver_stamp + w.dropped > 0 {
+        out.push_str(&format!(
+            "  not covered: {} reads without a seen handler call, {} events without a driver stamp, {} dropped\n",
+            w.unmatched_reads, w.no_driver_stamp, w.dropped
+        ));
+    }
+    out.push_str(&format!(
+        "  {:<16} {:>8} {:>7} {:>14} {:>14}\n",
+        "CPU placement", "events", "share", "wake→CPU p50", "wake→CPU p99"
+    ));
+    for p in w.placement.iter().filter(|p| p.count > 0) {
+        out.push_str(&format!(
+            "  {:<16} {:>8} {:>7} {:>14} {:>14}\n",
+            p.class,
+            p.count,
+            pct(p.share),
+            us(p.runq_p50_ns),
+            us(p.runq_p99_ns)
+        ));
+    }
+    let list = |m: &BTreeMap<u32, u64>| {
+        m.iter()
+            .map(|(c, n)| format!("cpu{c}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    out.push_str(&format!(
+        "  handler on {}; waiter on {}\n",
+        list(&w.handler_cpus),
+        list(&w.waiter_cpus)
+    ));
+    out
+}
+
+/// Every process of a report, then its threads.
+pub fn render_report(r: &WaterfallReport) -> String {
+    if r.processes.is_empty() {
+        return "waterfall: no completion event was read from a completion channel\n".to_owned();
+    }
+    let mut out = String::new();
+    for p in &r.processes {
+        out.push_str(&render(
+            &format!("waterfall of pid {} ({})", p.pid, p.comm),
+            &p.waterfall,
+        ));
+        if p.threads.len() > 1 {
+            for t in &p.threads {
+                out.push_str(&format!(
+                    "    thread {} ({}): {} events, mean T1→T4 {}\n",
+                    t.tid,
+                    t.comm,
+                    t.waterfall.events,
+                    us(t.waterfall.total_mean_ns)
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// "event mode adds X per round trip: ..." from the demo's mean round trips and the event
+/// phase's waterfall: the stages of the woken events of every thread of the demo (both sides'
+/// wake-ups lie on the round trip), per round trip. Events that found their reader awake
+/// overlap the wait for the next one: shown apart, not counted as added.
+pub fn explain(
+    poll_rtt_ns: f64,
+    event_rtt_ns: f64,
+    iterations: u64,
+    r: &WaterfallReport,
+) -> String {
+    if iterations == 0 {
+        return String::new();
+    }
+    let n = iterations as f64;
+    let diff = event_rtt_ns - poll_rtt_ns;
+    let per = |key: &str| {
+        r.processes
+            .iter()
+            .filter_map(|p| p.waterfall.stage(key))
+            .map(|s| s.sum_ns as f64)
+            .sum::<f64>()
+            / n
+    };
+    let driver = r
+        .processes
+        .iter()
+        .map(|p| p.waterfall.driver_woken_sum_ns as f64)
+        .sum::<f64>()
+        / n;
+    let parts = [
+        ("driver → handler", driver),
+        ("handler → wake-up", per("wake")),
+        ("run-queue wait", per("runq")),
+        ("on CPU → read", per("read")),
+    ];
+    let attributed: f64 = parts.iter().map(|p| p.1).sum();
+    let signed = |v: f64| {
+        if v < 0.0 {
+            format!("-{}", human_ns_f(-v))
+        } else {
+            human_ns_f(v)
+        }
+    };
+    let mut s = format!(
+        "event mode adds {} per round trip ({} event − {} poll): ",
+        signed(diff),
+        human_ns_f(event_rtt_ns),
+        human_ns_f(poll_rtt_ns)
+    );
+    let list: Vec<String> = parts
+        .iter()
+        .map(|(n, v)| format!("{n} {}", human_ns_f(*v)))
+        .collect();
+    s.push_str(&list.join(", "));
+    s.push_str(&format!(", not attributed {}", signed(diff - attributed)));
+    s.push_str(&format!(
+        "\n  (woken events' stages summed over the demo's threads / {iterations} round trips; events that found their reader awake add {} per round trip of handler → read that overlaps other work)\n",
+        human_ns_f(per("awake"))
+    ));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use rdma_trace_common::{HIST_SLOTS, hist_slot};
+
+    use super::*;
+
+    fn hist(values: &[u64]) -> Histogram {
+        let mut slots = vec![0; HIST_SLOTS as usize];
+        for &v in values {
+            slots[hist_slot(v) as usize] += 1;
+        }
+        Histogram::from_slots(slots)
+    }
+
+    /// A thread with woken events (wake, runq, read) and awake ones.
+    fn thread(tid: u32, tgid: u32, woken: &[(u64, u64, u64)], awake: &[u64]) -> ThreadData {
+        let mut c = Counts::default();
+        let mut hs = vec![Histogram::default(); WF_NHIST as usize];
+        let mut vals: Vec<Vec<u64>> = vec![Vec::new(); WF_NHIST as usize];
+        for &(a, b, d) in woken {
+            vals[H_WAKE as usize].push(a);
+            vals[H_RUNQ as usize].push(b);
+            vals[H_READ as usize].push(d);
+            vals[H_TOTAL as usize].push(a + b + d);
+            vals[(H_CLASS + 4) as usize].push(b);
+            c.classes[4] += 1;
+            c.waiter_cpu[1] += 1;
+        }
+        for &v in awake {
+            vals[H_AWAKE as usize].push(v);
+            vals[H_TOTAL as usize].push(v);
+            c.classes[0] += 1;
+            c.waiter_cpu[0] += 1;
+        }
+        for (h, v) in vals.iter().enumerate() {
+            hs[h] = hist(v);
+            if h < H_CLASS as usize {
+                c.counters[(W_SUM as usize) + h] = v.iter().sum();
+            }
+        }
+        c.counters[W_EVENTS as usize] = (woken.len() + awake.len()) as u64;
+        c.counters[W_WOKEN as usize] = woken.len() as u64;
+        c.counters[W_AWAKE as usize] = awake.len() as u64;
+        c.counters[W_NO_DRIVER as usize] = c.counters[W_EVENTS as usize];
+        ThreadData {
+            tid,
+            tgid,
+            comm: format!("t{tid}"),
+            counts: c,
+            hists: hs,
+        }
+    }
+
+    #[test]
+    fn stage_means_add_up_to_the_total_and_shares_to_one() {
+        let t = thread(
+            7,
+            7,
+            &[(1_000, 5_000, 2_000), (3_000, 1_000, 4_000)],
+            &[10_000],
+        );
+        let w = Waterfall::from_data(&t);
+        assert_eq!(w.events, 3);
+        let total = w.total_mean_ns.unwrap();
+        assert!((total - 26_000.0 / 3.0).abs() < 1e-6);
+        assert!((w.stages_per_event_ns.unwrap() - total).abs() < 1e-6);
+        let shares: f64 = ["wake", "runq", "read", "awake"]
+            .iter()
+            .map(|k| w.stage(k).unwrap().share.unwrap())
+            .sum();
+        assert!((shares - 1.0).abs() < 1e-9, "{shares}");
+        assert_eq!(w.stage("runq").unwrap().mean_ns, Some(3_000.0));
+        let classes: u64 = w.placement.iter().map(|p| p.count).sum();
+        assert_eq!(classes, w.events);
+        assert_eq!(w.waiter_cpus, BTreeMap::from([(0, 1), (1, 2)]));
+        let text = render("x", &w);
+        assert!(text.contains("other node"), "{text}");
+        assert!(text.contains("wake-up → on CPU (run queue)"), "{text}");
+    }
+
+    #[test]
+    fn processes_group_their_threads_and_deltas_drop_idle_threads() {
+        let before = Snapshot {
+            threads: BTreeMap::from([
+                (0, thread(10, 10, &[(1, 2, 3)], &[])),
+                (1, thread(11, 10, &[], &[5])),
+            ]),
+        };
+        let after = Snapshot {
+            threads: BTreeMap::from([
+                (0, thread(10, 10, &[(1, 2, 3), (4, 5, 6)], &[])),
+                (1, thread(11, 10, &[], &[5])),
+                (2, thread(20, 20, &[], &[7, 8])),
+            ]),
+        };
+        let d = after.since(&before);
+        assert_eq!(d.threads.len(), 2, "thread 11 had nothing new");
+        assert_eq!(d.threads[&0].counts.get(W_EVENTS), 1);
+        let r = WaterfallReport::from_snapshot(&after);
+        assert_eq!(r.processes.len(), 2);
+        assert_eq!(r.processes[0].pid, 10);
+        assert_eq!(r.processes[0].waterfall.events, 3);
+        assert_eq!(r.processes[0].threads.len(), 2);
+        assert_eq!(r.processes[0].comm, "t10");
+        assert_eq!(r.processes[1].waterfall.awake, 2);
+        let text = render_report(&r);
+        assert!(text.contains("waterfall of pid 20"), "{text}");
+        assert!(text.contains("thread 11 (t11): 1 events"), "{text}");
+    }
+
+    #[test]
+    fn explanation_in_numbers() {
+        // 2 round trips: wake 2×1 us, runq 2×5 us, read 2×2 us; awake 0.
+        let t = thread(1, 1, &[(1_000, 5_000, 2_000), (1_000, 5_000, 2_000)], &[]);
+        let r = WaterfallReport::from_snapshot(&Snapshot {
+            threads: BTreeMap::from([(0, t)]),
+        });
+        let s = explain(50_000.0, 60_000.0, 2, &r);
+        assert!(
+            s.starts_with("event mode adds 10.0us per round trip"),
+            "{s}"
+        );
+        assert!(s.contains("driver → handler 0ns"), "{s}");
+        assert!(s.contains("handler → wake-up 1.0us"), "{s}");
+        assert!(s.contains("run-queue wait 5.0us"), "{s}");
+        assert!(s.contains("on CPU → read 2.0us"), "{s}");
+        assert!(s.contains("not attributed 2.0us"), "{s}");
+        let faster = explain(60_000.0, 50_000.0, 2, &r);
+        assert!(faster.starts_with("event mode adds -10.0us"), "{faster}");
+        assert!(faster.contains("not attributed -18.0us"), "{faster}");
+    }
+}

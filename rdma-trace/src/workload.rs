@@ -1,0 +1,430 @@
+//! Workloads other than the demo: the process tree of `run -- CMD`, running processes
+//! (`--pid`), or the whole system (`--all`). The eBPF side (`rdma-trace-ebpf/src/workload.rs`)
+//! keeps the traced set in `TGIDS` (children join at fork, before they run) and counts per
+//! process in `PROC_EVENTS`; this module configures it, spawns the CMD, and reads the counts.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::{Path, PathBuf},
+    process::Stdio,
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap},
+};
+use rdma_trace_common::workload::{PROC_KEY_SLOT, TIMELINE_RING_BYTES, WL_ALL, WL_OFF, WL_TREE};
+use serde::Serialize;
+
+use crate::{
+    bpf::{Bpf, chain},
+    error::Unsupported,
+};
+
+/// Load-time configuration of the workload and timeline programs (globals of the eBPF object).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extra {
+    /// `WL_OFF`, `WL_TREE` or `WL_ALL`.
+    pub workload: u32,
+    /// With `WL_TREE`: the process whose new children are traced (rdma-trace, spawning a CMD).
+    pub tracer_tgid: u32,
+    pub newtask_pid_offset: u32,
+    pub newtask_flags_offset: u32,
+    /// Emit timeline records.
+    pub timeline: bool,
+}
+
+impl Default for Extra {
+    fn default() -> Self {
+        Self {
+            workload: WL_OFF,
+            tracer_tgid: 0,
+            newtask_pid_offset: 8,
+            newtask_flags_offset: 32,
+            timeline: false,
+        }
+    }
+}
+
+impl Extra {
+    /// Size of the timeline ring buffer: one page when the timeline is off.
+    pub fn timeline_ring_bytes(&self) -> u32 {
+        if self.timeline {
+            TIMELINE_RING_BYTES
+        } else {
+            4096
+        }
+    }
+
+    /// `--all`: the user-space probes count every process too.
+    pub fn every_process(&self) -> bool {
+        self.workload == WL_ALL
+    }
+
+    /// Trace the processes of `target`; offsets of `task:task_newtask` from tracefs.
+    pub fn for_target(target: &Target, timeline: bool) -> Result<Self> {
+        let mut e = Extra {
+            timeline,
+            ..Extra::default()
+        };
+        match target {
+            Target::All => e.workload = WL_ALL,
+            Target::Command(_) | Target::Pids(_) => {
+                e.workload = WL_TREE;
+                if matches!(target, Target::Command(_)) {
+                    e.tracer_tgid = std::process::id();
+                }
+                let (pid, flags) = newtask_offsets()?;
+                e.newtask_pid_offset = pid;
+                e.newtask_flags_offset = flags;
+            }
+        }
+        Ok(e)
+    }
+}
+
+/// What `run` traces instead of the demo.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    /// This command and its descendants.
+    Command(Vec<String>),
+    /// These running processes and their descendants.
+    Pids(Vec<u32>),
+    /// Every process, until Ctrl-C or `--duration`.
+    All,
+}
+
+const TRACEFS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+
+/// Offsets of `pid` and `clone_flags` in the `task:task_newtask` record.
+fn newtask_offsets() -> Result<(u32, u32)> {
+    let text = TRACEFS
+        .iter()
+        .find_map(|d| std::fs::read_to_string(format!("{d}/events/task/task_newtask/format")).ok())
+        .ok_or_else(|| {
+            anyhow!(Unsupported(
+                "the tracepoint task:task_newtask is not readable (mount tracefs: mount -t tracefs \
+                 tracefs /sys/kernel/tracing): it is how children of the traced processes are followed"
+                    .to_owned()
+            ))
+        })?;
+    let pid = format_offset(&text, "pid").context("task_newtask format: no pid field")?;
+    let flags =
+        format_offset(&text, "clone_flags").context("task_newtask format: no clone_flags field")?;
+    Ok((pid, flags))
+}
+
+/// Offset of field `name` in a tracefs event `format` file.
+pub fn format_offset(format: &str, name: &str) -> Option<u32> {
+    format.lines().find_map(|l| {
+        let decl = l.trim().strip_prefix("field:")?.split(';').next()?;
+        let field = decl.rsplit([' ', '*']).next()?;
+        let field = field.split('[').next()?;
+        if field != name {
+            return None;
+        }
+        l.split(';')
+            .find_map(|part| part.trim().strip_prefix("offset:"))?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Attach the programs that follow the traced processes (forks and execs).
+pub fn attach(bpf: &mut Bpf, extra: &Extra) -> Result<()> {
+    if extra.workload == WL_OFF {
+        return Ok(());
+    }
+    if extra.workload == WL_TREE {
+        bpf.attach_tracepoint("task_newtask", "task", "task_newtask")?;
+        bpf.attach_raw_tracepoint("proc_exit", "sched_process_exit")?;
+    }
+    bpf.attach_raw_tracepoint("proc_exec", "sched_process_exec")
+}
+
+/// Put running process `pid` (and its current descendants) in the traced set.
+pub fn watch_running(bpf: &mut Bpf, pid: u32) -> Result<Vec<u32>> {
+    let mut all = vec![pid];
+    all.extend(descendants(pid));
+    for &p in &all {
+        bpf.watch_pid(p)?;
+        if let Some(comm) = proc_comm(p) {
+            let mut b = [0u8; 16];
+            let n = comm.len().min(15);
+            b[..n].copy_from_slice(&comm.as_bytes()[..n]);
+            let mut map: BpfHashMap<&mut MapData, u32, [u8; 16]> = BpfHashMap::try_from(
+                bpf.ebpf_mut()
+                    .map_mut("PROC_COMM")
+                    .context("map PROC_COMM is not in the eBPF object")?,
+            )?;
+            map.insert(p, b, 0)
+                .map_err(|e| anyhow!("naming pid {p}: {}", chain(&e)))?;
+        }
+    }
+    Ok(all)
+}
+
+/// `comm` of a running process.
+pub fn proc_comm(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_owned())
+}
+
+/// Whether `pid` runs (exists and is not a zombie).
+pub fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // pid (comm) S ...: the state follows the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
+/// Every descendant of `root` now running (from the parent field of /proc/*/stat).
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            if let Some(ppid) = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok())
+            {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut found: HashSet<u32> = HashSet::from([root]);
+    let mut out = Vec::new();
+    loop {
+        let before = out.len();
+        for &(pid, ppid) in &parent_of {
+            if found.contains(&ppid) && found.insert(pid) {
+                out.push(pid);
+            }
+        }
+        if out.len() == before {
+            return out;
+        }
+    }
+}
+
+/// The program a CMD names, checked before anything is attached.
+pub fn resolve_command(name: &str) -> Result<PathBuf> {
+    let exec_ok = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt as _;
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if name.contains('/') {
+        let p = PathBuf::from(name);
+        if exec_ok(&p) {
+            return Ok(p);
+        }
+        bail!(
+            "command {name}: {}",
+            if p.exists() {
+                "not an executable file"
+            } else {
+                "no such file"
+            }
+        );
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join(name))
+        .find(|p| exec_ok(p))
+        .with_context(|| {
+            format!("command {name:?} not found on PATH: check its name, or give its path")
+        })
+}
+
+/// Output kept per stream of a CMD whose output is held back (the live screen owns the terminal).
+const KEPT_OUTPUT: usize = 64 * 1024;
+
+/// A CMD's stdout and stderr, held back while the live screen is up; the last 64 KiB of each.
+pub struct HeldOutput {
+    out: tokio::task::JoinHandle<String>,
+    err: tokio::task::JoinHandle<String>,
+}
+
+impl HeldOutput {
+    /// What CMD wrote, once it has exited.
+    pub async fn take(self) -> (String, String) {
+        (
+            self.out.await.unwrap_or_default(),
+            self.err.await.unwrap_or_default(),
+        )
+    }
+}
+
+async fn keep_tail(mut r: impl tokio::io::AsyncRead + Unpin) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = r.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        kept.extend_from_slice(&buf[..n]);
+        if kept.len() > 2 * KEPT_OUTPUT {
+            kept.drain(..kept.len() - KEPT_OUTPUT);
+        }
+    }
+    if kept.len() > KEPT_OUTPUT {
+        kept.drain(..kept.len() - KEPT_OUTPUT);
+    }
+    String::from_utf8_lossy(&kept).into_owned()
+}
+
+/// Start CMD (its program already resolved). Its own children are traced from their fork on;
+/// CMD itself is the tracer's next child, which `task_newtask` adopts. With `hold`, CMD gets no
+/// terminal: no stdin, and its output is kept for later.
+pub fn spawn(
+    program: &Path,
+    cmd: &[String],
+    hold: bool,
+) -> Result<(tokio::process::Child, Option<HeldOutput>)> {
+    let io = || {
+        if hold {
+            Stdio::piped()
+        } else {
+            Stdio::inherit()
+        }
+    };
+    let mut child = tokio::process::Command::new(program)
+        .arg0(&cmd[0])
+        .args(&cmd[1..])
+        .stdin(if hold {
+            Stdio::null()
+        } else {
+            Stdio::inherit()
+        })
+        .stdout(io())
+        .stderr(io())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("could not start {}", cmd[0]))?;
+    let held = match (child.stdout.take(), child.stderr.take()) {
+        (Some(out), Some(err)) => Some(HeldOutput {
+            out: tokio::spawn(keep_tail(out)),
+            err: tokio::spawn(keep_tail(err)),
+        }),
+        _ => None,
+    };
+    Ok((child, held))
+}
+
+/// One traced process and what it counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ProcessCounts {
+    pub pid: u32,
+    pub comm: String,
+    /// Probe events while one of its threads was current, by probe id.
+    #[serde(skip)]
+    pub probes: BTreeMap<u32, u64>,
+    /// Calls of kernel functions in its context, by function slot.
+    #[serde(skip)]
+    pub calls: BTreeMap<u32, u64>,
+}
+
+impl ProcessCounts {
+    pub fn total(&self) -> u64 {
+        self.probes.values().sum::<u64>() + self.calls.values().sum::<u64>()
+    }
+}
+
+/// The traced processes with their counts and names, by pid.
+pub fn read_processes(ebpf: &Ebpf) -> Result<BTreeMap<u32, ProcessCounts>> {
+    let mut out: BTreeMap<u32, ProcessCounts> = BTreeMap::new();
+    let comms: BpfHashMap<&MapData, u32, [u8; 16]> = BpfHashMap::try_from(
+        ebpf.map("PROC_COMM")
+            .context("map PROC_COMM is not in the eBPF object")?,
+    )?;
+    for item in comms.iter() {
+        let (pid, comm) = item.map_err(|e| anyhow!("reading PROC_COMM: {}", chain(&e)))?;
+        let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+        out.entry(pid).or_default().comm = String::from_utf8_lossy(&comm[..end]).into_owned();
+    }
+    let events: PerCpuHashMap<&MapData, u64, u64> = PerCpuHashMap::try_from(
+        ebpf.map("PROC_EVENTS")
+            .context("map PROC_EVENTS is not in the eBPF object")?,
+    )?;
+    for item in events.iter() {
+        let (key, per_cpu) = item.map_err(|e| anyhow!("reading PROC_EVENTS: {}", chain(&e)))?;
+        let pid = (key >> 32) as u32;
+        let what = key as u32;
+        let n: u64 = per_cpu.iter().sum();
+        let p = out.entry(pid).or_default();
+        if what & PROC_KEY_SLOT != 0 {
+            *p.calls.entry(what & !PROC_KEY_SLOT).or_default() += n;
+        } else {
+            *p.probes.entry(what).or_default() += n;
+        }
+    }
+    for (pid, p) in out.iter_mut() {
+        p.pid = *pid;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NEWTASK: &str = "name: task_newtask
+ID: 130
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:pid_t pid;\toffset:8;\tsize:4;\tsigned:1;
+\tfield:char comm[16];\toffset:12;\tsize:16;\tsigned:0;
+\tfield:unsigned long clone_flags;\toffset:32;\tsize:8;\tsigned:0;
+\tfield:short oom_score_adj;\toffset:40;\tsize:2;\tsigned:1;
+
+print fmt: \"pid=%d comm=%s clone_flags=%lx oom_score_adj=%hd\", REC->pid, REC->comm, REC->clone_flags, REC->oom_score_adj
+";
+
+    #[test]
+    fn offsets_come_from_the_format_file() {
+        assert_eq!(format_offset(NEWTASK, "pid"), Some(8));
+        assert_eq!(format_offset(NEWTASK, "clone_flags"), Some(32));
+        assert_eq!(format_offset(NEWTASK, "comm"), Some(12));
+        assert_eq!(format_offset(NEWTASK, "common_pid"), Some(4));
+        assert_eq!(format_offset(NEWTASK, "flags"), None);
+    }
+
+    #[test]
+    fn missing_commands_are_named() {
+        let e = resolve_command("no-such-command-rdma-trace").unwrap_err();
+        assert!(e.to_string().contains("not found on PATH"), "{e}");
+        let e = resolve_command("/no/such/file").unwrap_err();
+        assert!(e.to_string().contains("no such file"), "{e}");
+        assert!(resolve_command("sh").is_ok());
+    }
+
+    #[test]
+    fn this_process_is_alive_and_has_no_children_listed_twice() {
+        assert!(alive(std::process::id()));
+        assert!(!alive(u32::MAX - 1));
+        let d = descendants(1);
+        let set: HashSet<_> = d.iter().collect();
+        assert_eq!(set.len(), d.len());
+        assert!(d.contains(&std::process::id()));
+    }
+}

@@ -1,0 +1,291 @@
+//! Guest tests of the completion waterfall (`rdma-trace run`, JSON `phases[].waterfall`).
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::{RDMA_TRACE, read_json, temp_json};
+
+/// `a` within 1 % of `b` (and both positive).
+fn within_1pct(a: f64, b: f64) -> bool {
+    a > 0.0 && b > 0.0 && (a - b).abs() <= b / 100.0
+}
+
+fn processes(phase: &Value) -> &Vec<Value> {
+    phase["waterfall"]["processes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no waterfall in {}", phase["mode"]))
+}
+
+fn stage<'a>(w: &'a Value, key: &str) -> &'a Value {
+    w["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .find(|s| s["key"] == key)
+        .unwrap_or_else(|| panic!("no stage {key}"))
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// Checks that hold for every waterfall (a process's or a thread's).
+fn check_partition(who: &str, w: &Value) {
+    let events = u(&w["events"]);
+    assert!(events > 0, "{who}: no events");
+    assert_eq!(u(&w["woken"]) + u(&w["awake"]), events, "{who}: {w}");
+    // The stage means add up to the directly measured mean T1→T4 (within 1 %).
+    let per_event: f64 = ["wake", "runq", "read", "awake"]
+        .iter()
+        .map(|k| stage(w, k)["sum_ns"].as_f64().unwrap())
+        .sum::<f64>()
+        / events as f64;
+    let total = w["total_mean_ns"].as_f64().expect("total mean");
+    assert!(
+        within_1pct(per_event, total),
+        "{who}: stages add up to {per_event} ns per event, measured T1→T4 mean {total} ns"
+    );
+    assert_eq!(u(&stage(w, "total")["count"]), events, "{who}");
+    // Woken events have the three woken stages, the others the awake one.
+    for k in ["wake", "runq", "read"] {
+        assert_eq!(u(&stage(w, k)["count"]), u(&w["woken"]), "{who}: stage {k}");
+    }
+    assert_eq!(u(&stage(w, "awake")["count"]), u(&w["awake"]), "{who}");
+    // The placement classes add up to the total.
+    let placed: u64 = w["placement"]
+        .as_array()
+        .expect("placement")
+        .iter()
+        .map(|p| u(&p["count"]))
+        .sum();
+    assert_eq!(
+        placed, events,
+        "{who}: placement classes {}",
+        w["placement"]
+    );
+    let on_cpu: u64 = w["waiter_cpus"]
+        .as_object()
+        .expect("waiter_cpus")
+        .values()
+        .map(u)
+        .sum();
+    assert_eq!(on_cpu, events, "{who}: {}", w["waiter_cpus"]);
+}
+
+fn run(args: &[&str], name: &str) -> (Value, String) {
+    let json = temp_json(name);
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui"])
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run rdma-trace run");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "rdma-trace run failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (read_json(&json), stdout)
+}
+
+#[test]
+fn waterfall_stages_add_up_and_each_thread_gets_its_own_cq_events() {
+    let iters = 300;
+    let (report, stdout) = run(
+        &[
+            "--mode",
+            "both",
+            "-i",
+            &iters.to_string(),
+            "--sample",
+            "200",
+        ],
+        "waterfall-both",
+    );
+    let (poll, event) = (&report["phases"][0], &report["phases"][1]);
+    assert!(
+        processes(poll).is_empty(),
+        "no completion event is read in poll mode: {}",
+        poll["waterfall"]
+    );
+    let procs = processes(event);
+    assert_eq!(procs.len(), 1, "one demo process: {procs:?}");
+    let p = &procs[0];
+    check_partition("the demo", p);
+    // The demo runs its client in the main thread (tid = pid), its server in another; the JSON
+    // reports come client first.
+    let reports = event["demo"]["reports"].as_array().expect("demo reports");
+    let threads = p["threads"].as_array().expect("threads");
+    assert_eq!(threads.len(), 2, "client and server threads: {threads:?}");
+    for t in threads {
+        check_partition(&format!("thread {}", t["tid"]), t);
+    }
+    let client = threads
+        .iter()
+        .find(|t| t["tid"] == p["pid"])
+        .expect("the client (main) thread");
+    let server = threads
+        .iter()
+        .find(|t| t["tid"] != p["pid"])
+        .expect("the server thread");
+    for (t, r) in [(client, &reports[0]), (server, &reports[1])] {
+        let got = u(&t["events"]) as f64;
+        let want = u(&r["cq_events"]) as f64;
+        assert!(
+            within_1pct(got, want),
+            "{} thread: waterfall counted {got} events, the demo took {want} CQ events",
+            r["role"]
+        );
+    }
+    assert_eq!(u(&p["unmatched_reads"]), 0, "{p}");
+    // The waterfall's own programs are in the self-cost table.
+    let progs = event["overhead"]["programs"].as_array().expect("programs");
+    for name in [
+        "wf_handler_entry",
+        "wf_sched_waking",
+        "wf_sched_switch",
+        "wf_read_return",
+    ] {
+        let prog = progs
+            .iter()
+            .find(|x| x["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not in the overhead table: {progs:?}"));
+        assert!(u(&prog["runs"]) > 0, "{prog}");
+    }
+    // rxe stamps T0 (rxe_cq_post) for the events it raised.
+    assert!(
+        u(&stage(p, "driver")["count"]) * 2 > u(&p["events"]),
+        "driver stamps: {}",
+        stage(p, "driver")
+    );
+    // Per-event samples: ordered stamps, stages that add up, bounded by --sample.
+    let samples = report["waterfall_samples"].as_array().expect("samples");
+    assert!(
+        !samples.is_empty() && samples.len() <= 200,
+        "{}",
+        samples.len()
+    );
+    for s in samples {
+        let t1 = u(&s["t1"]);
+        let t4 = u(&s["t4"]);
+        assert!(t1 <= t4, "{s}");
+        if s["woken"] == true {
+            let (t2, t3) = (u(&s["t2"]), u(&s["t3"]));
+            assert!(t1 <= t2 && t2 <= t3 && t3 <= t4, "{s}");
+            assert_eq!((t2 - t1) + (t3 - t2) + (t4 - t3), t4 - t1);
+        } else {
+            assert!(s["t2"].is_null() && s["t3"].is_null(), "{s}");
+        }
+        assert_eq!(s["pid"], p["pid"], "{s}");
+    }
+    assert!(
+        stdout.contains("waterfall of pid") && stdout.contains("CPU placement"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("event mode adds") && stdout.contains("run-queue wait"),
+        "the explanation by stage:\n{stdout}"
+    );
+}
+
+#[test]
+fn waterfall_of_a_pinned_demo_shows_its_cpu_for_every_on_cpu_stage() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = (cpus - 1).to_string();
+    let json = temp_json("waterfall-pinned");
+    let out = Command::new("taskset")
+        .args(["-c", &cpu, RDMA_TRACE, "run", "--no-tui", "--mode", "event"])
+        .args(["-i", "200", "--json"])
+        .arg(&json)
+        .output()
+        .expect("taskset rdma-trace run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = read_json(&json);
+    let phase = &report["phases"][0];
+    let p = &processes(phase)[0];
+    check_partition("the pinned demo", p);
+    let events = u(&p["events"]);
+    for key in ["waiter_cpus", "read_cpus"] {
+        assert_eq!(
+            p[key].as_object().expect(key).len(),
+            1,
+            "{key}: {} (pinned to CPU {cpu})",
+            p[key]
+        );
+        assert_eq!(u(&p[key][&cpu]), events, "{key}: {}", p[key]);
+    }
+}
+
+#[test]
+fn three_concurrent_event_mode_pairs_each_get_their_own_count() {
+    let dir = std::env::temp_dir().join(format!("rdma-trace-wf3-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let script = dir.join("three.sh");
+    // Three loopback ping-pongs at once (client and server threads each), with different
+    // iteration counts; each writes its pid and its JSON results.
+    std::fs::write(
+        &script,
+        r#"set -e
+for n in 150 300 450; do
+  sh -c 'echo $$ > "$0.pid"; exec rdma-demo pingpong --loopback --port 0 -d rxe1 --server-device rxe0 --mode event -i "$1" --json "$0"' "$1/demo-$n.json" "$n" &
+done
+wait
+"#,
+    )
+    .expect("script");
+    let json = temp_json("waterfall-three");
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui", "--json"])
+        .arg(&json)
+        .arg("--")
+        .arg("sh")
+        .arg(&script)
+        .arg(&dir)
+        .output()
+        .expect("rdma-trace run -- sh three.sh");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let report = read_json(&json);
+    let procs = report["waterfall"]["processes"]
+        .as_array()
+        .expect("waterfall processes");
+    assert_eq!(procs.len(), 3, "three demo processes: {procs:?}");
+    for n in [150, 300, 450] {
+        let base = dir.join(format!("demo-{n}.json"));
+        let pid: u64 = std::fs::read_to_string(base.with_extension("json.pid"))
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("pid");
+        let demo: Value =
+            serde_json::from_slice(&std::fs::read(&base).expect("demo JSON")).expect("JSON");
+        let cq_events: u64 = demo["reports"]
+            .as_array()
+            .expect("reports")
+            .iter()
+            .map(|r| u(&r["cq_events"]))
+            .sum();
+        let p = procs
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("no waterfall for pid {pid} (-i {n}): {procs:?}"));
+        check_partition(&format!("pid {pid}"), p);
+        let got = u(&p["events"]) as f64;
+        assert!(
+            within_1pct(got, cq_events as f64),
+            "pid {pid} (-i {n}): waterfall counted {got} events, the demo took {cq_events} CQ events"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,507 @@
+//! `rdma-trace run -- CMD`, `--pid`, `--all` and `--timeline` on programs nobody here wrote
+//! (ibv_rc_pingpong, perftest's ib_send_lat), between rxe0 and rxe1.
+
+use std::{
+    collections::HashMap,
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+
+use super::{RDMA_TRACE, kprobes_left, read_json, roce_v2_gid_index, temp_json, wait_timeout};
+
+/// A shell line that waits (up to 60 s) until a TCP socket listens on `port`.
+fn wait_port(port: u16) -> String {
+    format!(
+        "i=0; until grep -q ':{port:04X} 00000000:0000 0A' /proc/net/tcp; do \
+         i=$((i+1)); [ $i -gt 600 ] && exit 99; sleep 0.1; done"
+    )
+}
+
+/// `server & wait until it listens; client`, as one CMD: server on rxe1, client on rxe0.
+fn pair(server: &str, client: &str, port: u16) -> String {
+    format!("{server} & {} ; {client}; wait", wait_port(port))
+}
+
+fn gids() -> (String, String) {
+    (
+        roce_v2_gid_index("rxe0", [10, 9, 0, 1]).to_string(),
+        roce_v2_gid_index("rxe1", [10, 9, 0, 2]).to_string(),
+    )
+}
+
+fn rc_pingpong_pair(event: bool, iters: u32, port: u16) -> String {
+    let (g0, g1) = gids();
+    let e = if event { " -e" } else { "" };
+    pair(
+        &format!("timeout 180 ibv_rc_pingpong -d rxe1 -g {g1} -n {iters} -p {port}{e} >/dev/null"),
+        &format!(
+            "timeout 180 ibv_rc_pingpong -d rxe0 -g {g0} -n {iters} -p {port}{e} 10.9.0.2 >/dev/null"
+        ),
+        port,
+    )
+}
+
+fn send_lat_pair(event: bool, iters: u32, port: u16) -> String {
+    let (g0, g1) = gids();
+    let e = if event { " -e" } else { "" };
+    pair(
+        &format!("timeout 180 ib_send_lat -F -d rxe1 -x {g1} -n {iters} -p {port}{e} >/dev/null"),
+        &format!(
+            "timeout 180 ib_send_lat -F -d rxe0 -x {g0} -n {iters} -p {port}{e} 10.9.0.2 >/dev/null"
+        ),
+        port,
+    )
+}
+
+/// `rdma-trace run --no-tui --json J [extra] -- sh -c CMD`: (status, stdout, report).
+fn run_cmd(extra: &[&str], cmd: &str, name: &str) -> (Option<i32>, String, Value) {
+    let json = temp_json(name);
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui", "--json", json.to_str().unwrap()])
+        .args(extra)
+        .args(["--", "sh", "-c", cmd])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rdma-trace");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        json.exists(),
+        "no report; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), stdout, read_json(&json))
+}
+
+fn probe_count(report: &Value, name: &str) -> u64 {
+    let p = report["probes"]
+        .as_array()
+        .expect("probes")
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no probe {name}"));
+    assert!(p["skipped"].is_null(), "{name} skipped: {}", p["skipped"]);
+    p["count"].as_u64().expect("count")
+}
+
+fn processes<'a>(report: &'a Value, comm: &str) -> Vec<&'a Value> {
+    report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["comm"] == comm)
+        .collect()
+}
+
+#[test]
+fn run_cmd_ibv_rc_pingpong_event_pair_counts_completion_events_per_process() {
+    let iters = 300;
+    let (status, stdout, report) = run_cmd(&[], &rc_pingpong_pair(true, iters, 18_601), "rc-e");
+    assert_eq!(status, Some(0), "{stdout}");
+    assert_eq!(report["window"]["ended_by"], "command");
+    assert_eq!(report["window"]["command_status"], 0);
+    assert_eq!(report["completion_mode"], "completion events");
+    let handled = probe_count(&report, "ib_uverbs_comp_handler");
+    assert!(
+        handled >= u64::from(iters),
+        "{handled} completion events for {iters} iterations"
+    );
+    // Both processes, each reading completion events; their reads add up to the events.
+    let both = processes(&report, "ibv_rc_pingpong");
+    assert_eq!(both.len(), 2, "{}", report["processes"]);
+    let pids: Vec<u64> = both.iter().map(|p| p["pid"].as_u64().unwrap()).collect();
+    assert_ne!(pids[0], pids[1]);
+    let mut read = 0;
+    for p in &both {
+        let n = p["completion_events_read"].as_u64().expect("events read");
+        assert!(n >= u64::from(iters) / 2, "{p}");
+        read += n;
+    }
+    assert!(read <= handled + 2, "{read} read, {handled} queued");
+    assert!(
+        stdout.contains("completion mode seen: completion events"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("ibv_rc_pingpong"), "{stdout}");
+    assert!(kprobes_left().trim().is_empty(), "{}", kprobes_left());
+}
+
+#[test]
+fn run_cmd_ibv_rc_pingpong_polling_pair_takes_no_completion_events() {
+    let (status, stdout, report) = run_cmd(&[], &rc_pingpong_pair(false, 300, 18_602), "rc-p");
+    assert_eq!(status, Some(0), "{stdout}");
+    assert_eq!(probe_count(&report, "ib_uverbs_comp_handler"), 0);
+    assert_eq!(report["completion_mode"], "none");
+    // The traffic itself was seen: rxe posted the completions.
+    assert!(probe_count(&report, "rxe_cq_post") >= 300);
+    let both = processes(&report, "ibv_rc_pingpong");
+    assert_eq!(both.len(), 2, "{}", report["processes"]);
+    for p in both {
+        assert_eq!(p["completion_events_read"], 0, "{p}");
+    }
+    assert!(stdout.contains("completion mode seen: none"), "{stdout}");
+}
+
+#[test]
+fn run_cmd_ib_send_lat_event_pair() {
+    let (status, stdout, report) = run_cmd(&[], &send_lat_pair(true, 300, 18_603), "sl-e");
+    assert_eq!(
+        status,
+        Some(0),
+        "ib_send_lat -e pair (timeout: 124): {stdout}"
+    );
+    assert!(probe_count(&report, "ib_uverbs_comp_handler") >= 300);
+    assert_eq!(report["completion_mode"], "completion events");
+    let both = processes(&report, "ib_send_lat");
+    assert_eq!(both.len(), 2, "{}", report["processes"]);
+    for p in both {
+        assert!(p["completion_events_read"].as_u64() >= Some(150), "{p}");
+    }
+}
+
+#[test]
+fn run_cmd_ib_send_lat_polling_pair() {
+    let (status, stdout, report) = run_cmd(&[], &send_lat_pair(false, 300, 18_604), "sl-p");
+    assert_eq!(status, Some(0), "ib_send_lat pair (timeout: 124): {stdout}");
+    assert_eq!(probe_count(&report, "ib_uverbs_comp_handler"), 0);
+    assert_eq!(report["completion_mode"], "none");
+    assert!(probe_count(&report, "rxe_cq_post") >= 300);
+    assert_eq!(
+        processes(&report, "ib_send_lat").len(),
+        2,
+        "{}",
+        report["processes"]
+    );
+}
+
+#[test]
+fn run_cmd_exits_with_the_commands_status_and_names_its_children() {
+    let (status, stdout, report) = run_cmd(&[], "sleep 0.2 & sleep 0.3 & wait; exit 7", "status");
+    assert_eq!(status, Some(7), "{stdout}");
+    assert_eq!(report["window"]["command_status"], 7);
+    assert_eq!(report["completion_mode"], "none");
+    assert_eq!(
+        processes(&report, "sleep").len(),
+        2,
+        "{}",
+        report["processes"]
+    );
+    assert_eq!(processes(&report, "sh").len(), 1, "{}", report["processes"]);
+}
+
+/// Start `ib_send_lat -e` as a server on rxe1; its pid once it listens.
+fn send_lat_server(iters: u32, port: u16) -> std::process::Child {
+    let (_, g1) = gids();
+    let server = Command::new("ib_send_lat")
+        .args([
+            "-F",
+            "-e",
+            "-u",
+            "20",
+            "-d",
+            "rxe1",
+            "-x",
+            &g1,
+            "-n",
+            &iters.to_string(),
+        ])
+        .args(["-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start ib_send_lat server");
+    super::wait_listening(port);
+    server
+}
+
+#[test]
+fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
+    // The pair runs first and rdma-trace attaches to the server in the middle of it: the 6.12
+    // guest's ib_send_lat -e stalls when its client connects seconds after the server started
+    // (without rdma-trace too), and attaching takes longer than that.
+    let (iters, port) = (60_000, 18_605);
+    let mut server = send_lat_server(iters, port);
+    let (g0, _) = gids();
+    let mut client = Command::new("ib_send_lat")
+        .args(["-F", "-e", "-u", "20", "-d", "rxe0", "-x", &g0])
+        .args([
+            "-n",
+            &iters.to_string(),
+            "-p",
+            &port.to_string(),
+            "10.9.0.2",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("run the ib_send_lat client");
+    let json = temp_json("pid");
+    let mut tracer = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui", "--json", json.to_str().unwrap()])
+        .args(["--pid", &server.id().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rdma-trace");
+    // Attached once it says what it traces.
+    let mut err = wait_tracing(&mut tracer);
+    let client = wait_timeout(&mut client, Duration::from_secs(900));
+    assert!(client.success(), "client: {client}");
+    assert!(wait_timeout(&mut server, Duration::from_secs(120)).success());
+    // The server exited: the run ends, non-zero, saying so in one line.
+    let status = wait_timeout(&mut tracer, Duration::from_secs(120));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert_eq!(status.code(), Some(1), "{rest}");
+    let last = rest.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("rdma-trace: every traced process exited"),
+        "{rest}"
+    );
+    let report = read_json(&json);
+    assert_eq!(report["window"]["ended_by"], "exited");
+    let traced = processes(&report, "ib_send_lat");
+    assert_eq!(traced.len(), 1, "{}", report["processes"]);
+    assert_eq!(traced[0]["pid"], server.id());
+    let read = traced[0]["completion_events_read"].as_u64().unwrap();
+    assert!(read >= 100, "server read {read} events");
+    assert!(probe_count(&report, "ib_uverbs_comp_handler") >= read);
+}
+
+/// Wait until a spawned rdma-trace (stderr piped) says it traces; returns the rest of stderr.
+fn wait_tracing(tracer: &mut std::process::Child) -> BufReader<std::process::ChildStderr> {
+    let mut err = BufReader::new(tracer.stderr.take().expect("piped stderr"));
+    let mut line = String::new();
+    while !line.starts_with("rdma-trace: tracing ") {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).expect("stderr") > 0,
+            "rdma-trace ended early"
+        );
+    }
+    err
+}
+
+#[test]
+fn all_traces_every_process_until_ctrl_c() {
+    let json = temp_json("all");
+    let mut tracer = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui", "--all", "--duration", "600"])
+        .args(["--json", json.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rdma-trace");
+    let mut err = wait_tracing(&mut tracer);
+    let load = Command::new("sh")
+        .args(["-c", &rc_pingpong_pair(true, 300, 18_606)])
+        .status()
+        .expect("run the load");
+    assert!(load.success(), "the ping-pong pair failed: {load}");
+    // kill(1) sends SIGINT, as Ctrl-C does.
+    let _ = Command::new("kill")
+        .args(["-INT", &tracer.id().to_string()])
+        .status();
+    let status = wait_timeout(&mut tracer, Duration::from_secs(60));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert!(status.success(), "{status}: {rest}");
+    let report = read_json(&json);
+    assert_eq!(report["target"], "all");
+    assert_eq!(report["window"]["ended_by"], "interrupted");
+    assert!(probe_count(&report, "ib_uverbs_comp_handler") >= 300);
+    let pp = processes(&report, "ibv_rc_pingpong");
+    assert_eq!(pp.len(), 2, "{}", report["processes"]);
+    for p in pp {
+        assert!(p["completion_events_read"].as_u64() > Some(0), "{p}");
+    }
+    assert!(report["processes"].as_array().unwrap().len() <= 20);
+}
+
+#[test]
+fn a_pid_that_does_not_exist_fails_before_attaching() {
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui", "--pid", "4194304"])
+        .output()
+        .expect("run rdma-trace");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--pid 4194304: no such process"), "{err}");
+    assert!(kprobes_left().trim().is_empty());
+}
+
+/// A strict reader of Chrome trace-event JSON, independent of the writer: the top level, every
+/// event's fields and types, B/E balance and matching per (pid, tid) track, and time order.
+/// Returns the slices (name, pid, tid) in the order they begin.
+fn check_trace_events(doc: &Value) -> Vec<(String, u64, u64)> {
+    let obj = doc.as_object().expect("top level is an object");
+    for k in obj.keys() {
+        assert!(
+            ["traceEvents", "displayTimeUnit", "otherData"].contains(&k.as_str()),
+            "unknown top-level key {k}"
+        );
+    }
+    let events = doc["traceEvents"].as_array().expect("traceEvents array");
+    let mut open: HashMap<(u64, u64), Vec<(String, f64)>> = HashMap::new();
+    let mut slices = Vec::new();
+    let mut last = 0.0f64;
+    let mut metadata_done = false;
+    for e in events {
+        let e = e.as_object().expect("event object");
+        let ph = e["ph"].as_str().expect("ph");
+        let pid = e["pid"].as_u64().expect("integer pid");
+        let tid = e["tid"].as_u64().expect("integer tid");
+        if ph == "M" {
+            assert!(!metadata_done, "metadata after events");
+            assert!(
+                ["process_name", "thread_name", "process_sort_index"]
+                    .contains(&e["name"].as_str().unwrap()),
+                "{e:?}"
+            );
+            assert!(e["args"].is_object());
+            continue;
+        }
+        metadata_done = true;
+        let ts = e["ts"].as_f64().expect("numeric ts");
+        assert!(ts.is_finite() && ts >= 0.0, "ts {ts}");
+        assert!(ts >= last, "time goes back: {ts} after {last}");
+        last = ts;
+        let stack = open.entry((pid, tid)).or_default();
+        match ph {
+            "B" => {
+                let name = e["name"].as_str().expect("name").to_owned();
+                assert!(!name.is_empty());
+                assert!(e["cat"].is_string());
+                stack.push((name.clone(), ts));
+                slices.push((name, pid, tid));
+            }
+            "E" => {
+                let (name, start) = stack.pop().expect("E without a B on its track");
+                assert!(ts >= start, "{name} ends before it begins");
+            }
+            "i" => assert_eq!(e["s"], "t", "instant scope"),
+            other => panic!("unexpected phase {other}"),
+        }
+    }
+    for (track, stack) in open {
+        assert!(stack.is_empty(), "unclosed slices on {track:?}: {stack:?}");
+    }
+    slices
+}
+
+#[test]
+fn timeline_of_an_event_pair_is_valid_nested_and_bounded() {
+    let path = temp_json("timeline");
+    let path_s = path.to_str().unwrap().to_owned();
+    let (status, stdout, report) = run_cmd(
+        &["--timeline", &path_s, "--timeline-sample", "10"],
+        &rc_pingpong_pair(true, 300, 18_607),
+        "tl",
+    );
+    assert_eq!(status, Some(0), "{stdout}");
+    assert!(stdout.contains("ui.perfetto.dev"), "{stdout}");
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("timeline file")).expect("JSON");
+    let slices = check_trace_events(&doc);
+    let summary = &report["timeline"];
+    assert_eq!(
+        summary["track_slices"].as_u64().unwrap(),
+        slices.len() as u64
+    );
+    let distinct = summary["slices"].as_u64().unwrap();
+    assert!(distinct * 2 >= slices.len() as u64 && distinct * 19 / 10 <= slices.len() as u64);
+    assert!(summary["completions"].as_u64().unwrap() >= 10, "{summary}");
+    let names: Vec<&str> = slices.iter().map(|(n, _, _)| n.as_str()).collect();
+    for want in ["ib_uverbs_comp_handler", "rxe_cq_post", "softirq NET_RX"] {
+        assert!(names.contains(&want), "no {want} slice: {summary}");
+    }
+    // On CPU tracks and on the pingpong threads' tracks.
+    let meta: Vec<&Value> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "process_name")
+        .collect();
+    let pid_of = |prefix: &str| {
+        meta.iter()
+            .filter(|m| m["args"]["name"].as_str().unwrap().starts_with(prefix))
+            .map(|m| m["pid"].as_u64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let cpus = pid_of("CPUs");
+    assert_eq!(cpus.len(), 1);
+    assert!(slices.iter().any(|(_, p, _)| *p == cpus[0]));
+    let pp = pid_of("ibv_rc_pingpong");
+    assert!(!pp.is_empty(), "{meta:?}");
+    assert!(slices.iter().any(|(_, p, _)| pp.contains(p)));
+
+    // The size bound holds.
+    let (status, _, report) = run_cmd(
+        &["--timeline", &path_s, "--timeline-max-events", "300"],
+        &rc_pingpong_pair(true, 300, 18_608),
+        "tl-small",
+    );
+    assert_eq!(status, Some(0));
+    let doc: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    check_trace_events(&doc);
+    let n = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] != "M")
+        .count();
+    assert!(n > 0 && n <= 300, "{n} events");
+    assert!(report["timeline"]["left_out"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn an_unwritable_timeline_fails_before_attaching() {
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui", "--timeline", "/proc/version/trace.json"])
+        .args(["--", "true"])
+        .output()
+        .expect("run rdma-trace");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot write there"), "{err}");
+    assert!(kprobes_left().trim().is_empty());
+}
+
+#[test]
+fn timeline_of_the_demo_run_names_the_demo_threads() {
+    let path = temp_json("timeline-demo");
+    let json = temp_json("timeline-demo-report");
+    let out = Command::new(RDMA_TRACE)
+        .args(["run", "--no-tui", "--mode", "event", "-i", "200"])
+        .args(["--timeline", path.to_str().unwrap()])
+        .args(["--json", json.to_str().unwrap()])
+        .output()
+        .expect("run rdma-trace");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("timeline file")).expect("JSON");
+    let _ = std::fs::remove_file(&path);
+    let slices = check_trace_events(&doc);
+    assert!(slices.iter().any(|(n, _, _)| n == "ib_uverbs_comp_handler"));
+    let report = read_json(&json);
+    assert_eq!(
+        report["timeline"]["track_slices"].as_u64().unwrap(),
+        slices.len() as u64
+    );
+    assert!(
+        doc["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "process_name"
+                && e["args"]["name"].as_str().unwrap().starts_with("rdma-demo")),
+        "no track of the demo"
+    );
+}
