@@ -571,8 +571,17 @@ fn run_json_carries_self_overhead_for_every_attached_program() {
         .filter(|p| p["attach"].is_string())
         .collect();
     assert!(attached.len() >= 8, "{} attached probes", attached.len());
-    let programs_on =
-        |target: &str| -> Vec<&Value> { progs.iter().filter(|p| p["target"] == target).collect() };
+    // The completion waterfall's programs (`wf_*`) share some functions with the probes; they
+    // are checked apart, after the probes' own.
+    let is_waterfall = |p: &&Value| p["name"].as_str().is_some_and(|n| n.starts_with("wf_"));
+    let (wf_progs, progs): (Vec<&Value>, Vec<&Value>) = progs.iter().partition(is_waterfall);
+    let programs_on = |target: &str| -> Vec<&Value> {
+        progs
+            .iter()
+            .copied()
+            .filter(|p| p["target"] == target)
+            .collect()
+    };
     // Every attached probe has all its programs listed: an entry and a return program per
     // kernel function, one program per raw tracepoint. A probe that counted had them all run.
     let mut expected = std::collections::BTreeSet::new();
@@ -599,7 +608,7 @@ fn run_json_carries_self_overhead_for_every_attached_program() {
         }
     }
     // And every program listed belongs to an attached probe, with a cost for each run.
-    for p in progs {
+    for p in &progs {
         let target = p["target"].as_str().expect("target");
         assert!(
             expected.contains(target),
@@ -611,6 +620,16 @@ fn run_json_carries_self_overhead_for_every_attached_program() {
         } else {
             assert!(p["ns_per_run"].is_null(), "{p}");
         }
+    }
+    // The waterfall's programs are listed too, with their runs: the handler's and the read's
+    // once per completion event at least.
+    for name in ["wf_handler_entry", "wf_read_return", "wf_sched_switch"] {
+        let p = wf_progs
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no waterfall program {name}: {o}"));
+        assert!(p["runs"].as_u64().unwrap() >= 200, "{p}");
+        assert!(p["ns_per_run"].as_f64().unwrap() > 0.0, "{p}");
     }
     for target in [
         "ib_uverbs_comp_handler",

@@ -309,7 +309,13 @@ fn all_traces_every_process_until_ctrl_c() {
     let report = read_json(&json);
     assert_eq!(report["target"], "all");
     assert_eq!(report["window"]["ended_by"], "interrupted");
-    assert!(probe_count(&report, "ib_uverbs_comp_handler") >= 300);
+    let handled = probe_count(&report, "ib_uverbs_comp_handler");
+    assert!(
+        handled >= 300,
+        "{handled} completion handler calls: {}\n{}",
+        report["probes"],
+        report["processes"]
+    );
     let pp = processes(&report, "ibv_rc_pingpong");
     assert_eq!(pp.len(), 2, "{}", report["processes"]);
     for p in pp {

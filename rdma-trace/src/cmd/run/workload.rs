@@ -198,6 +198,10 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         ),
         Target::All => "the whole system".to_owned(),
     };
+    let mut wf = crate::waterfall::start_or_explain(args.no_waterfall, args.sample as usize);
+    let wf_before = wf.as_ref().map(|w| w.snapshot()).transpose()?;
+    // Everything is attached (the waterfall's start can take seconds): only now is the window
+    // open, and "tracing" says so.
     eprintln!(
         "rdma-trace: tracing {label}{}; probes:\n{}",
         if watched.len() > args.pid.len() {
@@ -208,8 +212,6 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         session.attach_table()
     );
 
-    let mut wf = crate::waterfall::start_or_explain(args.no_waterfall, args.sample as usize);
-    let wf_before = wf.as_ref().map(|w| w.snapshot()).transpose()?;
     let json_on_stdout = args.json.as_deref() == Some(Path::new("-"));
     let mut live = Live::new(
         "rdma-trace run",
