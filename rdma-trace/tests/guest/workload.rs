@@ -191,65 +191,79 @@ fn run_cmd_exits_with_the_commands_status_and_names_its_children() {
     assert_eq!(processes(&report, "sh").len(), 1, "{}", report["processes"]);
 }
 
-/// Start `ib_send_lat -e` as a server on rxe1; its pid once it listens.
-fn send_lat_server(iters: u32, port: u16) -> std::process::Child {
-    let (_, g1) = gids();
-    let server = Command::new("ib_send_lat")
-        .args([
-            "-F",
-            "-e",
-            "-u",
-            "20",
-            "-d",
-            "rxe1",
-            "-x",
-            &g1,
-            "-n",
-            &iters.to_string(),
-        ])
-        .args(["-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start ib_send_lat server");
-    super::wait_listening(port);
-    server
+/// The event-mode pair that `--pid` attaches to: (program, server args, client args).
+///
+/// perftest's `ib_send_lat -e` on 6.1. In the 6.12 guest, an `ib_send_lat` pair in which
+/// either side uses `-e` stalls whenever the client connects seconds after the server began to
+/// listen, with or without rdma-trace (both sides wait for a completion event that never
+/// comes; polling pairs do not stall), and attaching takes seconds under TCG. There the
+/// server is `ibv_rc_pingpong -e`. The README says so.
+fn pid_pair(iters: u32, port: u16) -> (&'static str, Vec<String>, Vec<String>) {
+    let (g0, g1) = gids();
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let (iters, port) = (iters.to_string(), port.to_string());
+    let args = |v: &[&str]| v.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    if release.starts_with("6.1.") {
+        (
+            "ib_send_lat",
+            args(&[
+                "-F", "-e", "-d", "rxe1", "-x", &g1, "-n", &iters, "-p", &port,
+            ]),
+            args(&[
+                "-F", "-e", "-d", "rxe0", "-x", &g0, "-n", &iters, "-p", &port, "10.9.0.2",
+            ]),
+        )
+    } else {
+        (
+            "ibv_rc_pingpong",
+            args(&["-e", "-d", "rxe1", "-g", &g1, "-n", &iters, "-p", &port]),
+            args(&[
+                "-e", "-d", "rxe0", "-g", &g0, "-n", &iters, "-p", &port, "10.9.0.2",
+            ]),
+        )
+    }
 }
 
 #[test]
-fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
-    // The pair runs first and rdma-trace attaches to the server in the middle of it: the 6.12
-    // guest's ib_send_lat -e stalls when its client connects seconds after the server started
-    // (without rdma-trace too), and attaching takes longer than that.
-    let (iters, port) = (60_000, 18_605);
-    let mut server = send_lat_server(iters, port);
-    let (g0, _) = gids();
-    let mut client = Command::new("ib_send_lat")
-        .args(["-F", "-e", "-u", "20", "-d", "rxe0", "-x", &g0])
-        .args([
-            "-n",
-            &iters.to_string(),
-            "-p",
-            &port.to_string(),
-            "10.9.0.2",
-        ])
+fn pid_counts_the_completion_events_of_a_running_event_mode_server() {
+    // The server runs (it listens) before rdma-trace attaches to it; its client starts once
+    // rdma-trace traces.
+    let (iters, port) = (300, 18_605);
+    let (program, server_args, client_args) = pid_pair(iters, port);
+    let mut server = Command::new(program)
+        .args(&server_args)
         .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
-        .expect("run the ib_send_lat client");
+        .unwrap_or_else(|e| panic!("start the {program} server: {e}"));
+    super::wait_listening(port);
     let json = temp_json("pid");
-    let mut tracer = Command::new(RDMA_TRACE)
+    let tracer = Command::new(RDMA_TRACE)
         .args(["run", "--no-tui", "--json", json.to_str().unwrap()])
         .args(["--pid", &server.id().to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start rdma-trace");
+    // Killed if the test fails, so that its probes do not outlive it.
+    let mut tracer = KillOnDrop(tracer);
     // Attached once it says what it traces.
-    let mut err = wait_tracing(&mut tracer);
-    let client = wait_timeout(&mut client, Duration::from_secs(900));
-    assert!(client.success(), "client: {client}");
+    let mut err = wait_tracing(&mut tracer.0);
+    let client = Command::new("timeout")
+        .arg("180")
+        .arg(program)
+        .args(&client_args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run the client");
+    assert!(
+        client.success(),
+        "{program} client (timeout: 124): {client}"
+    );
     assert!(wait_timeout(&mut server, Duration::from_secs(120)).success());
     // The server exited: the run ends, non-zero, saying so in one line.
-    let status = wait_timeout(&mut tracer, Duration::from_secs(120));
+    let status = wait_timeout(&mut tracer.0, Duration::from_secs(120));
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
     assert_eq!(status.code(), Some(1), "{rest}");
@@ -260,12 +274,22 @@ fn pid_counts_the_completion_events_of_a_running_ib_send_lat_server() {
     );
     let report = read_json(&json);
     assert_eq!(report["window"]["ended_by"], "exited");
-    let traced = processes(&report, "ib_send_lat");
+    let traced = processes(&report, program);
     assert_eq!(traced.len(), 1, "{}", report["processes"]);
     assert_eq!(traced[0]["pid"], server.id());
     let read = traced[0]["completion_events_read"].as_u64().unwrap();
-    assert!(read >= 100, "server read {read} events");
+    assert!(read >= u64::from(iters) / 2, "server read {read} events");
     assert!(probe_count(&report, "ib_uverbs_comp_handler") >= read);
+}
+
+/// A child that is killed (and reaped) when dropped, also when a test fails.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Wait until a spawned rdma-trace (stderr piped) says it traces; returns the rest of stderr.
