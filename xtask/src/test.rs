@@ -430,8 +430,11 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
             vm::shell_quote(&exe.to_string_lossy()),
             vm::shell_quote(&log.to_string_lossy()),
         );
+        // The log streams to the console while the tests run (a background `tail -f`), so
+        // that a guest that hangs shows the test it hung in.
         script.push_str(&format!(
-            "echo \"== {exe}\"; {exe} --test-threads=1 > {log} 2>&1 || rc=1; cat {log}\n"
+            "echo \"== {exe}\"; : > {log}; tail -n +1 -f {log} & t=$!; \
+             {exe} --test-threads=1 > {log} 2>&1 || rc=1; sleep 1.5; kill $t; wait $t\n"
         ));
     }
     script.push_str("exit $rc\n");

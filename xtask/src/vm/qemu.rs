@@ -139,7 +139,9 @@ fn command(b: &Boot, accel: Accel) -> Command {
     .arg(b.initrd)
     .args([
         "-append",
-        "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init",
+        // A soft lockup (a CPU that does not schedule for 60 s) panics, and the guest ends
+        // without a status at once instead of hanging until the run's timeout.
+        "console=ttyS0 quiet loglevel=3 panic=-1 softlockup_panic=1 watchdog_thresh=30 rdinit=/init",
         "-no-reboot",
     ]);
     if b.interactive {
