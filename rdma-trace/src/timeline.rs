@@ -9,6 +9,11 @@
 //! softirq, IRQ), the N where that stage took longest; memory stays bounded whatever the run
 //! length. The file holds those, as nested slices on one track per CPU and one per thread, in
 //! time order, with at most `--timeline-max-events` events.
+//!
+//! With the completion waterfall on, its events are chosen the same way (the first N, and the
+//! N slowest per stage, see `waterfall/selection.rs`) and each is a "completion event" slice on
+//! the track of the thread that read it, with its stages (driver → handler, handler → wake-up,
+//! run queue, on CPU → read returns; or already awake) nested in it.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -27,6 +32,7 @@ use anyhow::{Context as _, Result, anyhow};
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use rdma_trace_common::{
     SOFTIRQ_NAMES,
+    waterfall::{H_AWAKE, H_DRIVER, H_RUNQ, H_TOTAL, H_WAKE, WfSample},
     workload::{
         TL_FUNC_ENTRY, TL_FUNC_RETURN, TL_IRQ_ENTRY, TL_IRQ_EXIT, TL_NAPI_POLL, TL_SOFTIRQ_ENTRY,
         TL_SOFTIRQ_EXIT, TimelineEvent,
@@ -38,6 +44,7 @@ use serde_json::{Value, json};
 use crate::{
     bpf::{Bpf, chain},
     plan::Plan,
+    waterfall::model::STAGES,
 };
 
 /// Slices kept per sampled completion (deeper activity is cut, and counted).
@@ -48,6 +55,9 @@ const STALE_NS: u64 = 1_000_000_000;
 /// Synthetic process ids of the per-CPU tracks and of the idle tasks (pid 0 on every CPU).
 const CPU_PID: u64 = 1 << 30;
 const IDLE_PID: u64 = CPU_PID + (1 << 24);
+/// Completion numbers (`args.completion`) of the waterfall's events start here, apart from the
+/// probe-table completions'.
+const WATERFALL_SEQ: u64 = 1 << 40;
 
 /// Open the timeline file now, so that a bad path fails before anything is attached.
 pub fn create_file(path: &Path) -> Result<File> {
@@ -93,6 +103,9 @@ pub struct Summary {
     pub path: String,
     /// Sampled completions in the file.
     pub completions: usize,
+    /// Completion events of the waterfall in the file: each a slice "completion event" with its
+    /// stages nested in it, on the track of the thread that read it.
+    pub waterfall_events: usize,
     pub slices: usize,
     /// Slices on tracks (B events): each slice is on its CPU's track and on its thread's, unless
     /// it would overlap another slice there without nesting.
@@ -194,6 +207,9 @@ enum What {
     Function(u32),
     Softirq(u32),
     Irq(u32),
+    /// A completion-waterfall stage (its histogram number; `H_TOTAL` is the whole event), on
+    /// the waiting thread's track only.
+    Stage(u32),
 }
 
 #[derive(Clone, Debug)]
@@ -378,6 +394,7 @@ impl Collector {
                 SOFTIRQ_NAMES.get(v as usize).copied().unwrap_or("?")
             ),
             What::Irq(n) => format!("irq {n}"),
+            What::Stage(h) => stage_name(h),
         }
     }
 
@@ -423,12 +440,14 @@ impl Collector {
         }
         Timeline {
             completions: kept.len(),
+            waterfall_events: 0,
             slices,
             points,
             names: names.clone(),
             records: self.records,
             lost,
             left_out,
+            max_events: self.cfg.max_events,
         }
     }
 }
@@ -438,12 +457,25 @@ fn category(what: What) -> &'static str {
         What::Function(_) => "function",
         What::Softirq(_) => "softirq",
         What::Irq(_) => "irq",
+        What::Stage(_) => "waterfall",
     }
+}
+
+fn stage_name(h: u32) -> String {
+    if h == H_TOTAL {
+        return "completion event".to_owned();
+    }
+    STAGES.iter().find(|(n, ..)| *n == h).map_or_else(
+        || format!("stage {h}"),
+        |(_, _, name, span)| format!("{name} ({span})"),
+    )
 }
 
 /// The sampled completions, ready to write.
 pub struct Timeline {
     completions: usize,
+    /// Completion events of the waterfall in the file (their stages on the reader's track).
+    waterfall_events: usize,
     /// (completion, name, category, slice).
     slices: Vec<(u64, String, &'static str, Slice)>,
     points: Vec<(u64, Point)>,
@@ -451,6 +483,7 @@ pub struct Timeline {
     records: u64,
     lost: u64,
     left_out: usize,
+    max_events: usize,
 }
 
 /// A track: (pid, tid) of the trace-event format.
@@ -480,6 +513,45 @@ struct Mark {
 }
 
 impl Timeline {
+    /// Add the completion waterfall's events (from [`crate::waterfall::Waterfall::timeline_events`]):
+    /// each becomes a "completion event" slice on the reading thread's track, with its stages
+    /// nested in it, within `--timeline-max-events` (an event that does not fit is left out).
+    pub fn add_waterfall(&mut self, events: &[WfSample]) {
+        // A slice is a B and an E event; these are on one track.
+        let mut used = 4 * self.slices.len() + 2 * self.points.len();
+        for (i, e) in events.iter().enumerate() {
+            let stages = crate::waterfall::selection::stages(e);
+            let cost = 2 * stages.len();
+            if used + cost > self.max_events {
+                self.left_out += 1;
+                continue;
+            }
+            used += cost;
+            self.waterfall_events += 1;
+            let seq = WATERFALL_SEQ + i as u64;
+            for (h, start, end) in stages {
+                let cpu = match h {
+                    H_DRIVER | H_WAKE | H_AWAKE => e.cpu_handler,
+                    H_RUNQ => e.cpu_on,
+                    _ => e.cpu_read,
+                };
+                let what = What::Stage(h);
+                self.slices.push((
+                    seq,
+                    stage_name(h),
+                    category(what),
+                    Slice {
+                        what,
+                        cpu,
+                        pid_tgid: (u64::from(e.tgid) << 32) | u64::from(e.tid),
+                        start,
+                        end: end.max(start),
+                    },
+                ));
+            }
+        }
+    }
+
     /// Write the Chrome trace-event JSON to `file` (opened by [`create_file`] as `path`).
     pub fn write(&self, mut file: File, path: &Path) -> Result<Summary> {
         let (events, slices) = self.events();
@@ -492,6 +564,7 @@ impl Timeline {
                 "tool": "rdma-trace",
                 "version": env!("CARGO_PKG_VERSION"),
                 "completions": self.completions,
+                "waterfall_events": self.waterfall_events,
                 "records": self.records,
                 "lost": self.lost,
                 "left_out": self.left_out,
@@ -504,6 +577,7 @@ impl Timeline {
         Ok(Summary {
             path: path.display().to_string(),
             completions: self.completions,
+            waterfall_events: self.waterfall_events,
             slices,
             track_slices,
             events: n,
@@ -528,7 +602,9 @@ impl Timeline {
         // Every slice goes on its CPU's track and on its thread's track.
         let mut per_track: BTreeMap<Track, Vec<usize>> = BTreeMap::new();
         for (i, (_, _, _, s)) in self.slices.iter().enumerate() {
-            per_track.entry(cpu_track(s.cpu)).or_default().push(i);
+            if !matches!(s.what, What::Stage(_)) {
+                per_track.entry(cpu_track(s.cpu)).or_default().push(i);
+            }
             per_track
                 .entry(thread_track(s.pid_tgid, s.cpu))
                 .or_default()
@@ -743,6 +819,82 @@ mod tests {
                 .any(|e| e["ph"] == "M" && e["args"]["name"] == "pingpong 7")
         );
         assert_eq!(events.iter().filter(|e| e["ph"] == "i").count(), 4);
+    }
+
+    fn wf_event(t1: u64, woken: bool) -> WfSample {
+        WfSample {
+            t0: t1 - 500,
+            t1,
+            t2: t1 + 100,
+            t3: t1 + 300,
+            t4: t1 + 600,
+            tid: 9,
+            tgid: 7,
+            cpu_handler: 0,
+            cpu_target: 1,
+            cpu_on: 1,
+            cpu_read: 1,
+            flags: if woken {
+                rdma_trace_common::waterfall::SF_WOKEN
+            } else {
+                0
+            },
+            class: 0,
+        }
+    }
+
+    #[test]
+    fn waterfall_events_are_nested_stages_on_the_readers_track() {
+        let mut c = collector(10, 10_000);
+        completion(&mut c, 1_000, 0, 100);
+        let mut tl = c.build(&HashMap::from([(7, "pingpong".to_owned())]), 0);
+        tl.add_waterfall(&[wf_event(2_000, true), wf_event(10_000, false)]);
+        assert_eq!(tl.waterfall_events, 2);
+        let (events, _) = tl.events();
+        check(&events);
+        // On the reader's track (pid 7, tid 9) only: the event, then its stages inside it.
+        let on_reader: Vec<&str> = events
+            .iter()
+            .filter(|e| e["ph"] == "B" && e["cat"] == "waterfall")
+            .map(|e| {
+                assert_eq!((e["pid"].as_u64(), e["tid"].as_u64()), (Some(7), Some(9)));
+                e["name"].as_str().unwrap()
+            })
+            .collect();
+        assert_eq!(
+            on_reader,
+            [
+                "completion event",
+                "driver → handler (T0→T1)",
+                "handler → wake-up (T1→T2)",
+                "wake-up → on CPU (run queue) (T2→T3)",
+                "on CPU → read returns (T3→T4)",
+                "completion event",
+                "driver → handler (T0→T1)",
+                "already awake: handler → read (T1→T4)",
+            ]
+        );
+        // The event spans T0→T4; its B comes before its stages' and its E after theirs.
+        let first = events
+            .iter()
+            .find(|e| e["name"] == "completion event")
+            .unwrap();
+        assert_eq!(first["args"]["duration_ns"], 1_100);
+    }
+
+    #[test]
+    fn waterfall_events_stay_within_the_event_budget() {
+        let c = collector(10, 30);
+        let mut tl = c.build(&HashMap::new(), 0);
+        // 5 slices (10 events) per woken event: 3 fit in 30.
+        tl.add_waterfall(
+            &(0..5)
+                .map(|i| wf_event(10_000 * (i + 1), true))
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!((tl.waterfall_events, tl.left_out), (3, 2));
+        let (events, _) = tl.events();
+        assert_eq!(events.iter().filter(|e| e["ph"] != "M").count(), 30);
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub async fn run(args: &Args) -> Result<()> {
             .unwrap_or_else(|_| "unknown".to_owned())
     });
     let labels = ProbeLabels::new(&kernel.rdma_devices(), &host);
-    let wf = crate::waterfall::start_or_explain(false, 0);
+    let wf = crate::waterfall::start_or_explain(false, 0, 0);
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;

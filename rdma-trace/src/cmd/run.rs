@@ -217,7 +217,11 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         enforce: args.enforce,
         calibration: calibration.as_ref(),
     };
-    let mut wf = waterfall::start_or_explain(args.no_waterfall, args.sample as usize);
+    let wf = waterfall::start_or_explain(
+        args.no_waterfall,
+        args.sample as usize,
+        workload::timeline_sample(args),
+    );
 
     let modes: &[Mode] = match args.mode {
         Mode::Both => &[Mode::Poll, Mode::Event],
@@ -340,9 +344,9 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     if interrupted {
         stopped = Some(crate::signals::received().unwrap_or(Stop(libc::SIGINT)));
     }
-    let timeline = workload::finish_timeline(&mut session, timeline, args)?;
+    let timeline = workload::finish_timeline(&mut session, timeline, wf.as_ref(), args)?;
     drop(session); // detach every probe before the summary
-    let waterfall_samples = wf.as_mut().map(|w| waterfall::records(w.samples()));
+    let waterfall_samples = wf.as_ref().map(|w| waterfall::records(&w.samples()));
     drop(wf);
     if phases.len() == 2 {
         println!("\n{}", compare(&phases[0], &phases[1]));

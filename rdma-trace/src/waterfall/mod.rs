@@ -7,9 +7,10 @@
 
 pub mod btf;
 pub mod model;
+pub mod selection;
 pub mod topology;
 
-use std::path::Path;
+use std::{cell::RefCell, path::Path};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -100,18 +101,25 @@ pub struct AttachNote {
 pub struct Waterfall {
     ebpf: Ebpf,
     pub notes: Vec<AttachNote>,
-    samples: Option<RingBuf<MapData>>,
+    samples: RefCell<Option<RingBuf<MapData>>>,
     /// Samples read so far (bounded by `sample_max`).
-    taken: Vec<WfSample>,
+    taken: RefCell<Vec<WfSample>>,
     sample_max: usize,
+    /// With `--timeline`: the events it keeps, chosen among all of them as they are read.
+    selection: Option<RefCell<selection::Selection>>,
 }
 
 /// Size of one sample in the ring (record + 8-byte header, 8-aligned).
 const SAMPLE_BYTES: usize = std::mem::size_of::<WfSample>() + 8;
+/// The sample ring with `--timeline`, which gets every event and is drained at each refresh of
+/// the views: 4 MiB hold about 47 000 events.
+const TIMELINE_RING_BYTES: usize = 4 << 20;
 
 impl Waterfall {
-    /// Load and attach. `sample`: keep up to this many per-event records.
-    pub fn start(sample: usize) -> Result<Waterfall> {
+    /// Load and attach. `sample`: keep up to this many per-event records. `timeline`: with a
+    /// `--timeline`, how many events it keeps (the first N, the N slowest per stage), chosen
+    /// among every event; 0 without one.
+    pub fn start(sample: usize, timeline: usize) -> Result<Waterfall> {
         let root = Path::new("/");
         let (file_private_data, ev_queue) = btf_offsets(root)?;
         let cfg = WfConfig {
@@ -121,10 +129,16 @@ impl Waterfall {
             waking_target_cpu: need_offset("sched/sched_waking", "target_cpu")?,
             switch_next_pid: need_offset("sched/sched_switch", "next_pid")?,
             _pad: 0,
-            sample_max: sample as u64,
+            // With a timeline every event goes through the ring (drained at each refresh).
+            sample_max: if timeline > 0 {
+                u64::MAX
+            } else {
+                sample as u64
+            },
         };
         let ncpu = aya::util::nr_cpus().map_err(|(_, e)| anyhow!("counting CPUs: {e}"))?;
         let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)
+            .max(if timeline > 0 { TIMELINE_RING_BYTES } else { 0 })
             .next_power_of_two()
             .clamp(4096, 1 << 28) as u32;
         let mut ebpf = EbpfLoader::new()
@@ -149,7 +163,7 @@ impl Waterfall {
                 }
             }
         }
-        let samples = if sample > 0 {
+        let samples = if sample > 0 || timeline > 0 {
             let m = ebpf
                 .take_map("WF_SAMPLES")
                 .context("map WF_SAMPLES is not in the eBPF object")?;
@@ -160,9 +174,10 @@ impl Waterfall {
         let mut wf = Waterfall {
             ebpf,
             notes: Vec::new(),
-            samples,
-            taken: Vec::new(),
+            samples: RefCell::new(samples),
+            taken: RefCell::new(Vec::new()),
             sample_max: sample,
+            selection: (timeline > 0).then(|| RefCell::new(selection::Selection::new(timeline))),
         };
         // Consumers before producers: a read seen without its handler only counts unmatched.
         let required: [(&'static str, &str, bool); 6] = [
@@ -326,6 +341,8 @@ impl Waterfall {
 
     /// The live view's waterfall pane: every thread since `base`.
     pub fn view(&self, base: &Snapshot) -> Result<crate::tui::WaterfallView> {
+        // Each refresh empties the sample ring, so that a timeline's ring never fills.
+        self.drain();
         let now = self.snapshot()?.since(base);
         Ok(match now.merged() {
             Some(w) => crate::tui::WaterfallView {
@@ -350,28 +367,52 @@ impl Waterfall {
         })
     }
 
-    /// Per-event samples taken so far (at most `--sample N`, in the order they were read).
-    pub fn samples(&mut self) -> &[WfSample] {
-        if let Some(rb) = self.samples.as_mut() {
-            while let Some(item) = rb.next() {
-                if self.taken.len() < self.sample_max && item.len() >= size_of::<WfSample>() {
-                    // SAFETY: the eBPF side writes whole WfSample records (repr(C), plain
-                    // integers); read_unaligned copes with the ring's 8-byte alignment.
-                    let s = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const WfSample) };
-                    self.taken.push(s);
-                }
+    /// Read the samples the ring holds: the first `--sample N` are kept, and the timeline's
+    /// selection sees every one.
+    fn drain(&self) {
+        let mut ring = self.samples.borrow_mut();
+        let Some(rb) = ring.as_mut() else {
+            return;
+        };
+        let mut taken = self.taken.borrow_mut();
+        let mut selection = self.selection.as_ref().map(RefCell::borrow_mut);
+        while let Some(item) = rb.next() {
+            if item.len() < size_of::<WfSample>() {
+                continue;
+            }
+            // SAFETY: the eBPF side writes whole WfSample records (repr(C), plain integers);
+            // read_unaligned copes with the ring's 8-byte alignment.
+            let s = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const WfSample) };
+            if taken.len() < self.sample_max {
+                taken.push(s);
+            }
+            if let Some(sel) = selection.as_mut() {
+                sel.push(&s);
             }
         }
-        &self.taken
+    }
+
+    /// Per-event samples taken so far (at most `--sample N`, in the order they were read).
+    pub fn samples(&self) -> Vec<WfSample> {
+        self.drain();
+        self.taken.borrow().clone()
+    }
+
+    /// The events `--timeline` keeps (none without a timeline), in time order.
+    pub fn timeline_events(&self) -> Vec<WfSample> {
+        self.drain();
+        self.selection
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.borrow().events())
     }
 }
 
 /// The waterfall for `run`, or `None` with a line saying why not.
-pub fn start_or_explain(off: bool, sample: usize) -> Option<Waterfall> {
+pub fn start_or_explain(off: bool, sample: usize, timeline: usize) -> Option<Waterfall> {
     if off {
         return None;
     }
-    match Waterfall::start(sample) {
+    match Waterfall::start(sample, timeline) {
         Ok(w) => {
             eprint!("rdma-trace: completion waterfall:\n{}", w.attach_table());
             Some(w)

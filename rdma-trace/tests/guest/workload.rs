@@ -439,9 +439,18 @@ fn timeline_of_an_event_pair_is_valid_nested_and_bounded() {
         summary["track_slices"].as_u64().unwrap(),
         slices.len() as u64
     );
-    let distinct = summary["slices"].as_u64().unwrap();
-    assert!(distinct * 2 >= slices.len() as u64 && distinct * 19 / 10 <= slices.len() as u64);
+    // The probe table's slices are on two tracks (CPU and thread), the waterfall's stages on
+    // the reading thread's only.
+    let is_stage = |n: &str| n == "completion event" || n.contains(" → ");
+    let stage_slices = slices.iter().filter(|(n, _, _)| is_stage(n)).count() as u64;
+    let distinct = summary["slices"].as_u64().unwrap() - stage_slices;
+    let on_tracks = slices.len() as u64 - stage_slices;
+    assert!(distinct * 2 >= on_tracks && distinct * 19 / 10 <= on_tracks);
     assert!(summary["completions"].as_u64().unwrap() >= 10, "{summary}");
+    assert!(
+        summary["waterfall_events"].as_u64().unwrap() >= 10,
+        "{summary}"
+    );
     let names: Vec<&str> = slices.iter().map(|(n, _, _)| n.as_str()).collect();
     for want in ["ib_uverbs_comp_handler", "rxe_cq_post", "softirq NET_RX"] {
         assert!(names.contains(&want), "no {want} slice: {summary}");
@@ -465,6 +474,20 @@ fn timeline_of_an_event_pair_is_valid_nested_and_bounded() {
     let pp = pid_of("ibv_rc_pingpong");
     assert!(!pp.is_empty(), "{meta:?}");
     assert!(slices.iter().any(|(_, p, _)| pp.contains(p)));
+    // Each completion event of the waterfall is on a pingpong thread's track, with its stages
+    // (checked nested above): the read's at least.
+    let events: Vec<_> = slices
+        .iter()
+        .filter(|(n, _, _)| n == "completion event")
+        .collect();
+    assert!(events.len() >= 10, "{} completion events", events.len());
+    assert!(events.iter().all(|(_, p, _)| pp.contains(p)), "{events:?}");
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("on CPU → read returns") || n.starts_with("already awake")),
+        "no read stage: {names:?}"
+    );
 
     // The size bound holds.
     let (status, _, report) = run_cmd(

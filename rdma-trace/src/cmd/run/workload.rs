@@ -125,6 +125,7 @@ pub fn start(
 pub fn finish_timeline(
     session: &mut Session,
     run: Option<TimelineRun>,
+    waterfall: Option<&crate::waterfall::Waterfall>,
     args: &Args,
 ) -> Result<Option<timeline::Summary>> {
     let (Some(run), Some(path)) = (run, &args.timeline) else {
@@ -135,16 +136,36 @@ pub fn finish_timeline(
         .into_values()
         .map(|p| (p.pid, p.comm))
         .collect();
-    let summary = run.recorder.finish(&names)?.write(run.file, path)?;
+    let mut tl = run.recorder.finish(&names)?;
+    if let Some(w) = waterfall {
+        tl.add_waterfall(&w.timeline_events());
+    }
+    let summary = tl.write(run.file, path)?;
     println!("{}", summary_line(&summary));
     Ok(Some(summary))
 }
 
 fn summary_line(s: &timeline::Summary) -> String {
     format!(
-        "timeline: {} ({} completions, {} slices, {} events; {} records, {} lost in the kernel, {} left out by --timeline-max-events); open it in https://ui.perfetto.dev",
-        s.path, s.completions, s.slices, s.events, s.records, s.lost, s.left_out
+        "timeline: {} ({} completions, {} completion events with their waterfall stages, {} slices, {} events; {} records, {} lost in the kernel, {} left out by --timeline-max-events); open it in https://ui.perfetto.dev",
+        s.path,
+        s.completions,
+        s.waterfall_events,
+        s.slices,
+        s.events,
+        s.records,
+        s.lost,
+        s.left_out
     )
+}
+
+/// How many completion events the waterfall keeps for the timeline (0 without `--timeline`).
+pub fn timeline_sample(args: &Args) -> usize {
+    if args.timeline.is_some() {
+        args.timeline_sample as usize
+    } else {
+        0
+    }
 }
 
 /// Processes listed by `--all` (the busiest).
@@ -198,7 +219,11 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         ),
         Target::All => "the whole system".to_owned(),
     };
-    let mut wf = crate::waterfall::start_or_explain(args.no_waterfall, args.sample as usize);
+    let wf = crate::waterfall::start_or_explain(
+        args.no_waterfall,
+        args.sample as usize,
+        timeline_sample(args),
+    );
     let wf_before = wf.as_ref().map(|w| w.snapshot()).transpose()?;
     // Everything is attached (the waterfall's start can take seconds): only now is the window
     // open, and "tracing" says so.
@@ -257,7 +282,10 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
     let processes = process_reports(&session, &target)?;
     let timeline = match (recorder, &args.timeline) {
         (Some(r), Some(path)) => {
-            let tl = r.recorder.finish(&processes_names(&processes))?;
+            let mut tl = r.recorder.finish(&processes_names(&processes))?;
+            if let Some(w) = &wf {
+                tl.add_waterfall(&w.timeline_events());
+            }
             Some(tl.write(r.file, path)?)
         }
         _ => None,
@@ -270,9 +298,9 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         _ => None,
     };
     let waterfall_samples = wf
-        .as_mut()
+        .as_ref()
         .filter(|_| args.sample > 0)
-        .map(|w| crate::waterfall::records(w.samples()));
+        .map(|w| crate::waterfall::records(&w.samples()));
     drop(wf);
 
     let comp = probes
