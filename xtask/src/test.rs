@@ -505,14 +505,14 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
 /// host's summary names them. A second failure fails the suite.
 const GUEST_RUNNER: &str = r#"rc=0
 IDLE=600
-watchdog() { # log pid
+watchdog() { # log exe
   last=-1; idle=0
   while sleep 10; do
     n=$(wc -c < "$1")
     if [ "$n" = "$last" ]; then idle=$((idle + 10)); else idle=0; last=$n; fi
     if [ $idle -ge $IDLE ]; then
       echo "== no test finished for $IDLE s: stopping the runner and what it spawned" >> "$1"
-      pkill -9 -P $2; kill -9 $2; pkill -9 rdma-trace; pkill -9 rdma-demo
+      pkill -9 -f "^$2"; pkill -9 rdma-trace; pkill -9 rdma-demo
       pkill -9 ibv_rc_pingpong; pkill -9 ib_send_lat
       return
     fi
@@ -521,10 +521,11 @@ watchdog() { # log pid
 run_logged() { # log exe args...
   log=$1; shift
   : > "$log"; tail -n +1 -f "$log" & t=$!
-  # The runner keeps this shell's standard input (0<&0), as in the foreground.
-  "$@" --test-threads=1 > "$log" 2>&1 0<&0 & p=$!
-  watchdog "$log" $p & w=$!
-  wait $p; st=$?
+  watchdog "$log" "$1" & w=$!
+  # The runner itself runs in the foreground: a command put in the background by a
+  # non-interactive shell starts with SIGINT ignored, and so would every rdma-trace it spawns
+  # (the signal tests send SIGINT before rdma-trace installs its handlers).
+  "$@" --test-threads=1 > "$log" 2>&1; st=$?
   kill $w 2> /dev/null; sleep 1.5; kill $t; wait $t $w 2> /dev/null
   return $st
 }
