@@ -13,7 +13,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf,
     maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::{KProbe, TracePoint},
 };
@@ -127,11 +127,10 @@ impl Waterfall {
         let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)
             .next_power_of_two()
             .clamp(4096, 1 << 28) as u32;
-        let mut ebpf = EbpfLoader::new()
-            .override_global("WF_CONFIG", &cfg, true)
-            .map_max_entries("WF_SAMPLES", ring)
-            .load(crate::bpf::OBJECT)
-            .map_err(|e| anyhow!("loading the eBPF object for the waterfall: {}", chain(&e)))?;
+        let mut ebpf = crate::bpf::load_object("the eBPF object for the waterfall", |l| {
+            l.override_global("WF_CONFIG", &cfg, true)
+                .map_max_entries("WF_SAMPLES", ring)
+        })?;
         let topology = Topology::read(root);
         {
             let mut classes: Array<&mut MapData, u32> = Array::try_from(
