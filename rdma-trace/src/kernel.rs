@@ -388,14 +388,21 @@ mod tests {
         assert_eq!(k.available_events(), None, "tracefs not mounted");
     }
 
-    const SWITCH_6_1: &str = "name: sched_switch
-ID: 316
-format:
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+    /// The fields every tracepoint record starts with (6.1).
+    macro_rules! common_fields {
+        () => {
+            "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
 \tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
 \tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
 \tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+"
+        };
+    }
 
+    const SWITCH_6_1: &str = concat!(
+        "name: sched_switch\nID: 316\nformat:\n",
+        common_fields!(),
+        "
 \tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;
 \tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;
 \tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;
@@ -403,7 +410,8 @@ format:
 \tfield:char next_comm[16];\toffset:40;\tsize:16;\tsigned:0;
 \tfield:pid_t next_pid;\toffset:56;\tsize:4;\tsigned:1;
 \tfield:int next_prio;\toffset:60;\tsize:4;\tsigned:1;
-";
+"
+    );
 
     const WAKING_6_1: &str = "name: sched_waking
 format:
@@ -414,21 +422,18 @@ format:
 \tfield:int target_cpu;\toffset:32;\tsize:4;\tsigned:1;
 ";
 
-    const NEWTASK: &str = "name: task_newtask
-ID: 130
-format:
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
-\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
-\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
-\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
-
+    const NEWTASK: &str = concat!(
+        "name: task_newtask\nID: 130\nformat:\n",
+        common_fields!(),
+        "
 \tfield:pid_t pid;\toffset:8;\tsize:4;\tsigned:1;
 \tfield:char comm[16];\toffset:12;\tsize:16;\tsigned:0;
 \tfield:unsigned long clone_flags;\toffset:32;\tsize:8;\tsigned:0;
 \tfield:short oom_score_adj;\toffset:40;\tsize:2;\tsigned:1;
 
 print fmt: \"pid=%d comm=%s clone_flags=%lx oom_score_adj=%hd\", REC->pid, REC->comm, REC->clone_flags, REC->oom_score_adj
-";
+"
+    );
 
     #[test]
     fn tracepoint_offsets_from_format_files() {
