@@ -66,38 +66,25 @@ impl Bpf {
 
     /// [`Bpf::load`], with the workload and timeline configuration of `extra`.
     pub fn load_with(plan: &Plan, extra: &Extra) -> Result<Self> {
-        raise_memlock();
         let stats = RunTimeStats::enable();
         let kslots = plan.kslots();
-        let ebpf = EbpfLoader::new()
-            .override_global("WORKLOAD", &extra.workload, true)
-            .override_global("TRACER_TGID", &extra.tracer_tgid, true)
-            .override_global("NEWTASK_PID_OFFSET", &extra.newtask_pid_offset, true)
-            .override_global("NEWTASK_FLAGS_OFFSET", &extra.newtask_flags_offset, true)
-            .override_global("TIMELINE", &u32::from(extra.timeline), true)
-            .override_global("FILTER_TGIDS", &u32::from(!extra.every_process()), true)
-            .map_max_entries("TIMELINE_EVENTS", extra.timeline_ring_bytes())
-            .override_global("KSLOTS", &kslots, true)
-            .override_global("SOFTIRQ_PROBE", &plan.softirq_probe, true)
-            .override_global("NAPI_PROBE", &plan.napi_probe, true)
-            .override_global("INTERVAL_PROBE", &plan.interval_probe, true)
-            .override_global(
-                crate::ebpf_log::LEVEL_GLOBAL,
-                &crate::ebpf_log::level(),
-                false,
-            )
-            .load(OBJECT)
-            .map_err(|e| {
-                let text = chain(&e);
-                if text.contains("Operation not permitted") {
-                    anyhow!(Unsupported(format!(
-                        "the kernel refused to create eBPF maps ({text}): run as root (CAP_BPF and CAP_PERFMON)"
-                    )))
-                } else {
-                    anyhow!("loading the eBPF object: {text}")
-                }
-            })?;
-        let mut ebpf = ebpf;
+        let timeline = u32::from(extra.timeline);
+        let filter_tgids = u32::from(!extra.every_process());
+        let log_level = crate::ebpf_log::level();
+        let mut ebpf = load_object("the eBPF object", |l| {
+            l.override_global("WORKLOAD", &extra.workload, true)
+                .override_global("TRACER_TGID", &extra.tracer_tgid, true)
+                .override_global("NEWTASK_PID_OFFSET", &extra.newtask_pid_offset, true)
+                .override_global("NEWTASK_FLAGS_OFFSET", &extra.newtask_flags_offset, true)
+                .override_global("TIMELINE", &timeline, true)
+                .override_global("FILTER_TGIDS", &filter_tgids, true)
+                .map_max_entries("TIMELINE_EVENTS", extra.timeline_ring_bytes())
+                .override_global("KSLOTS", &kslots, true)
+                .override_global("SOFTIRQ_PROBE", &plan.softirq_probe, true)
+                .override_global("NAPI_PROBE", &plan.napi_probe, true)
+                .override_global("INTERVAL_PROBE", &plan.interval_probe, true)
+                .override_global(crate::ebpf_log::LEVEL_GLOBAL, &log_level, false)
+        })?;
         let tgids = ebpf
             .take_map("TGIDS")
             .context("map TGIDS is not in the eBPF object")?;
@@ -565,6 +552,38 @@ fn sum_cpus<'a>(per_cpu: impl Iterator<Item = &'a ProbeRow>) -> ProbeData {
     data
 }
 
+/// Load the embedded eBPF object (creating its maps; programs load when attached), with the
+/// globals and map sizes `configure` sets. The one place the object is loaded: the memlock
+/// limit is raised first, and a refusal for lack of privileges is [`Unsupported`] with what to
+/// do. `what` names the load in other errors (`loading {what}: ...`).
+pub fn load_object<'a>(
+    what: &str,
+    configure: impl for<'l> FnOnce(&'l mut EbpfLoader<'a>) -> &'l mut EbpfLoader<'a>,
+) -> Result<Ebpf> {
+    raise_memlock();
+    let mut loader = EbpfLoader::new();
+    configure(&mut loader);
+    loader.load(OBJECT).map_err(|e| {
+        let text = chain(&e);
+        if has_errno(&e, libc::EPERM) {
+            anyhow!(Unsupported(format!(
+                "the kernel refused to create eBPF maps ({text}): run as root (CAP_BPF and CAP_PERFMON)"
+            )))
+        } else {
+            anyhow!("loading {what}: {text}")
+        }
+    })
+}
+
+/// Whether an OS error `errno` is among the sources of `e` (aya nests the syscall's
+/// [`std::io::Error`] in its map and program errors).
+fn has_errno(e: &(dyn std::error::Error + 'static), errno: i32) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error() == Some(errno))
+    })
+}
+
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones use memcg and ignore it.
 fn raise_memlock() {
     let rlim = libc::rlimit {
@@ -589,4 +608,26 @@ pub fn chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use aya::{EbpfError, maps::MapError};
+
+    use super::*;
+
+    fn create_error(errno: i32) -> EbpfError {
+        EbpfError::MapError(MapError::CreateError {
+            name: "TGIDS".to_owned(),
+            io_error: std::io::Error::from_raw_os_error(errno),
+        })
+    }
+
+    #[test]
+    fn permission_is_recognised_by_errno_in_the_chain() {
+        assert!(has_errno(&create_error(libc::EPERM), libc::EPERM));
+        assert!(!has_errno(&create_error(libc::EINVAL), libc::EPERM));
+        let text = chain(&create_error(libc::EPERM));
+        assert!(text.contains("TGIDS"), "{text}");
+    }
 }

@@ -1,5 +1,6 @@
 //! rdma-trace: latency histograms of the Linux RDMA completion path, with eBPF.
 
+mod baseline;
 mod batch;
 mod bpf;
 mod budget;

@@ -3,22 +3,22 @@
 //! vectors (what runs after the hard IRQ). Raw tracepoints `irq_handler_entry/exit` and
 //! `softirq_entry/exit`: works without tracefs and without kprobes.
 
-use std::{collections::HashMap, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use serde::Serialize;
 
 use crate::{
-    bpf::ProbeData,
+    baseline::{Baseline, delta},
     cmd::{Window, write_json},
     error::Unsupported,
     kernel::Kernel,
-    overhead::{LoaderUsage, Overhead, ProgramStat},
+    overhead::Overhead,
     plan::Options,
     probes::{Driver, Method, ProbeDef, Shape, glob_match},
     report::{ProbeReport, probe_reports, render},
     session::Session,
-    tui::{Live, Progress, Sample, Source},
+    tui::{Live, Sample, Source},
 };
 
 /// IRQs traced without `--match`: the completion vectors of mlx5, irdma, bnxt_re and MANA
@@ -132,53 +132,18 @@ fn irq_probes(irqs: &[(u32, String)], patterns: &[String]) -> Vec<ProbeDef> {
 
 struct IrqSource<'a> {
     session: &'a Session,
-    baseline: HashMap<u32, ProbeData>,
-    baseline_at: std::time::Instant,
-    stats: Vec<ProgramStat>,
-    usage: LoaderUsage,
-}
-
-impl<'a> IrqSource<'a> {
-    fn new(session: &'a Session) -> Result<Self> {
-        Ok(Self {
-            session,
-            baseline: session.snapshot()?,
-            baseline_at: std::time::Instant::now(),
-            stats: session.program_stats().0,
-            usage: LoaderUsage::now(),
-        })
-    }
+    /// Where the report and the live view count from.
+    base: Baseline<'a>,
 }
 
 impl Source for IrqSource<'_> {
     fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
-        let data = crate::cmd::run::delta(&self.session.snapshot()?, &self.baseline);
-        let (stats, how) = self.session.program_stats();
-        Ok(Sample {
-            probes: probe_reports(
-                self.session,
-                &data,
-                self.baseline_at.elapsed().as_secs_f64(),
-            ),
-            overhead: Some(Overhead::between(
-                how,
-                &self.stats,
-                &stats,
-                self.usage,
-                LoaderUsage::now(),
-            )),
-            progress: Progress {
-                label: "IRQs and softirqs".to_owned(),
-                elapsed,
-                ..Progress::default()
-            },
-            waterfall: None,
-        })
+        self.base
+            .sample_now(self.session, "IRQs and softirqs".to_owned(), elapsed)
     }
 
     fn reset(&mut self) -> Result<()> {
-        *self = Self::new(self.session)?;
-        Ok(())
+        self.base.reset(self.session)
     }
 }
 
@@ -216,19 +181,18 @@ pub async fn run(args: &Args) -> Result<()> {
         args.interval,
         json_on_stdout,
     );
-    let mut src = IrqSource::new(&session)?;
-    let usage0 = LoaderUsage::now();
-    let stats0 = session.program_stats().0;
-    let before = session.snapshot()?;
+    let mut src = IrqSource {
+        session: &session,
+        base: Baseline::new(&session, None)?,
+    };
     let window = live.watch(&mut src, args.duration, None).await?;
     live.close();
     let after = session.snapshot()?;
     let per_cpu = session.events_per_cpu()?;
-    let (stats1, how) = session.program_stats();
-    let overhead = Overhead::between(how, &stats0, &stats1, usage0, LoaderUsage::now());
+    let overhead = src.base.overhead(&session);
     let reports = probe_reports(
         &session,
-        &crate::cmd::run::delta(&after, &before),
+        &delta(&after, src.base.phase_data()),
         window.seconds,
     );
     let numbers: Vec<(u32, Vec<u32>)> = session

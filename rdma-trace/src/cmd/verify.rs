@@ -12,7 +12,7 @@ use std::{collections::BTreeMap, io::Write as _, path::PathBuf, process::Stdio};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf,
     maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap},
     programs::RawTracePoint,
 };
@@ -25,7 +25,7 @@ use serde::Serialize;
 use tokio::io::AsyncReadExt as _;
 
 use crate::{
-    bpf::{OBJECT, chain},
+    bpf::{chain, load_object},
     cmd::{Window, wait_window, write_json},
     error::{DemoFailed, Unsupported},
     kernel::Kernel,
@@ -313,18 +313,13 @@ struct Tracer {
 
 impl Tracer {
     fn load(table: &SyscallTable) -> Result<Self> {
-        raise_memlock();
-        let mut ebpf = EbpfLoader::new()
-            .override_global("SYSCALL_KIND", &table.kinds, true)
-            .override_global("SYSCALL_ARG_OFFSETS", &table.arg_offsets, true)
-            .override_global("SYSCALL_IOCTL", &table.ioctl, true)
-            .override_global(
-                "FCNTL_DUPFD",
-                &[libc::F_DUPFD as u64, libc::F_DUPFD_CLOEXEC as u64],
-                true,
-            )
-            .load(OBJECT)
-            .map_err(|e| permission(&chain(&e), "loading the eBPF object"))?;
+        let dupfd = [libc::F_DUPFD as u64, libc::F_DUPFD_CLOEXEC as u64];
+        let mut ebpf = load_object("the eBPF object", |l| {
+            l.override_global("SYSCALL_KIND", &table.kinds, true)
+                .override_global("SYSCALL_ARG_OFFSETS", &table.arg_offsets, true)
+                .override_global("SYSCALL_IOCTL", &table.ioctl, true)
+                .override_global("FCNTL_DUPFD", &dupfd, true)
+        })?;
         for (prog, tp) in [
             ("verify_sys_enter", "sys_enter"),
             ("verify_sys_exit", "sys_exit"),
@@ -378,16 +373,6 @@ impl Tracer {
         }
         Ok(out)
     }
-}
-
-/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
-fn raise_memlock() {
-    let rlim = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit only reads the struct we pass; failing is harmless on memcg kernels.
-    let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) };
 }
 
 fn permission(text: &str, what: &str) -> anyhow::Error {

@@ -5,24 +5,24 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::Path,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use super::{Args, check_privileges, delta};
+use super::{Args, check_privileges};
 use crate::{
-    bpf::ProbeData,
+    baseline::{Baseline, delta},
     cmd::{Window, write_json},
     kernel::Kernel,
-    overhead::{LoaderUsage, Overhead, ProgramStat},
+    overhead::Overhead,
     plan::Options,
     probes::PROBES,
     report::{ProbeReport, probe_reports, render},
     session::Session,
     timeline,
-    tui::{Live, Progress, Sample, Source},
+    tui::{Live, Sample, Source},
     workload::{self, Extra, ProcessCounts, Target},
 };
 
@@ -253,15 +253,15 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         _ => (None, None),
     };
     let (window, probes, overhead) = {
-        let mut src = WorkloadSource::new(
-            &session,
-            label.clone(),
-            target.clone(),
-            wf.as_ref().zip(wf_before.clone()),
-        )?;
+        let mut src = WorkloadSource {
+            session: &session,
+            label: label.clone(),
+            target: target.clone(),
+            base: Baseline::new(&session, wf.as_ref().zip(wf_before.clone()))?,
+        };
         let window = live.watch(&mut src, args.duration, child.as_mut()).await?;
-        let overhead = src.overhead()?;
-        let before = src.phase_before.clone();
+        let overhead = src.base.overhead(&session);
+        let before = src.base.phase_data().clone();
         drop(src);
         let after = session.finish()?;
         let data = delta(&after, &before);
@@ -464,106 +464,18 @@ struct WorkloadSource<'a> {
     session: &'a Session,
     label: String,
     target: Target,
-    phase_before: HashMap<u32, ProbeData>,
-    stats_before: Vec<ProgramStat>,
-    usage_before: LoaderUsage,
-    baseline: HashMap<u32, ProbeData>,
-    baseline_at: Instant,
-    view_stats: Vec<ProgramStat>,
-    view_usage: LoaderUsage,
-    /// The completion waterfall and the live view's baseline of it.
-    wf: Option<(&'a crate::waterfall::Waterfall, crate::waterfall::Snapshot)>,
-}
-
-impl<'a> WorkloadSource<'a> {
-    fn new(
-        session: &'a Session,
-        label: String,
-        target: Target,
-        wf: Option<(&'a crate::waterfall::Waterfall, crate::waterfall::Snapshot)>,
-    ) -> Result<Self> {
-        let before = session.snapshot()?;
-        let (mut stats, _) = session.program_stats();
-        if let Some((w, _)) = &wf {
-            stats.extend(w.program_stats());
-        }
-        let usage = LoaderUsage::now();
-        Ok(Self {
-            session,
-            label,
-            target,
-            baseline: before.clone(),
-            phase_before: before,
-            view_stats: stats.clone(),
-            stats_before: stats,
-            usage_before: usage,
-            view_usage: usage,
-            baseline_at: Instant::now(),
-            wf,
-        })
-    }
-
-    /// Run-time statistics of every program: the probe table's and the waterfall's.
-    fn stats(&self) -> (Vec<ProgramStat>, &str) {
-        let (mut stats, how) = self.session.program_stats();
-        if let Some((w, _)) = &self.wf {
-            stats.extend(w.program_stats());
-        }
-        (stats, how)
-    }
-
-    fn overhead(&self) -> Result<Overhead> {
-        let (now, how) = self.stats();
-        Ok(Overhead::between(
-            how,
-            &self.stats_before,
-            &now,
-            self.usage_before,
-            LoaderUsage::now(),
-        ))
-    }
+    /// Where the report and the live view count from; the waterfall.
+    base: Baseline<'a>,
 }
 
 impl Source for WorkloadSource<'_> {
     fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
-        let now = self.session.snapshot()?;
-        let data = delta(&now, &self.baseline);
-        let probes = probe_reports(
-            self.session,
-            &data,
-            self.baseline_at.elapsed().as_secs_f64(),
-        );
-        let (stats, how) = self.stats();
-        let overhead = Overhead::between(
-            how,
-            &self.view_stats,
-            &stats,
-            self.view_usage,
-            LoaderUsage::now(),
-        );
-        Ok(Sample {
-            probes,
-            overhead: Some(overhead),
-            progress: Progress {
-                label: self.label.clone(),
-                elapsed,
-                done: None,
-                total: None,
-                done_from: None,
-            },
-            waterfall: self.wf.as_ref().map(|(w, b)| w.view(b)).transpose()?,
-        })
+        self.base
+            .sample_now(self.session, self.label.clone(), elapsed)
     }
 
     fn reset(&mut self) -> Result<()> {
-        self.baseline = self.session.snapshot()?;
-        self.baseline_at = Instant::now();
-        self.view_stats = self.stats().0;
-        self.view_usage = LoaderUsage::now();
-        if let Some((w, base)) = &mut self.wf {
-            *base = w.snapshot()?;
-        }
-        Ok(())
+        self.base.reset(self.session)
     }
 
     fn finished(&mut self) -> Option<&'static str> {
