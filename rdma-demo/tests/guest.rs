@@ -764,21 +764,24 @@ fn peer_dies_mid_run_in_poll_mode() {
     peer_dies_mid_run("poll", "18624");
 }
 
+/// A short loopback run of `demo` with `--inject-fault FAULT`.
+fn with_fault(demo: &str, fault: &str) -> Output {
+    let run = [
+        "-i",
+        "5",
+        "-S",
+        "64",
+        "--timeout",
+        "2",
+        "--inject-fault",
+        fault,
+    ];
+    rdma_demo(&loopback(demo, &run))
+}
+
 #[test]
 fn remote_access_error_is_reported() {
-    let out = rdma_demo(&loopback(
-        "write-read",
-        &[
-            "-i",
-            "5",
-            "-S",
-            "64",
-            "--timeout",
-            "2",
-            "--inject-fault",
-            "bad-rkey",
-        ],
-    ));
+    let out = with_fault("write-read", "bad-rkey");
     assert_eq!(out.status.code(), Some(8));
     let line = one_error_line(&out);
     assert!(
@@ -791,19 +794,7 @@ fn remote_access_error_is_reported() {
 
 #[test]
 fn failed_qp_transition_names_it_and_the_errno() {
-    let out = rdma_demo(&loopback(
-        "pingpong",
-        &[
-            "-i",
-            "5",
-            "-S",
-            "64",
-            "--timeout",
-            "2",
-            "--inject-fault",
-            "bad-sgid",
-        ],
-    ));
+    let out = with_fault("pingpong", "bad-sgid");
     assert_eq!(out.status.code(), Some(1));
     let line = one_error_line(&out);
     assert!(line.contains("ibv_modify_qp(INIT->RTR)"), "{line}");
