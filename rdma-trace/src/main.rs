@@ -23,6 +23,7 @@ mod softroce;
 mod timeline;
 mod tui;
 mod waterfall;
+mod window;
 mod workload;
 
 use std::{process::ExitCode, time::Duration};

@@ -9,13 +9,14 @@ use rdma_trace_common::MAX_KSLOTS;
 use serde::Serialize;
 
 use crate::{
-    cmd::{Window, wait_window, write_json},
+    cmd::write_json,
     error::Unsupported,
     kernel::Kernel,
     plan::Options,
     probes::{Driver, Method, ProbeDef, Shape},
     report::{ProbeReport, probe_reports, render},
     session::Session,
+    window::{Window, wait_window},
 };
 
 #[derive(clap::Args, Debug)]

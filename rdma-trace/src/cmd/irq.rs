@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::{
     baseline::{Baseline, delta},
-    cmd::{Window, write_json},
+    cmd::write_json,
     error::Unsupported,
     kernel::Kernel,
     overhead::Overhead,
@@ -19,6 +19,7 @@ use crate::{
     report::{ProbeReport, probe_reports, render},
     session::Session,
     tui::{Live, Sample, Source},
+    window::Window,
 };
 
 /// IRQs traced without `--match`: the completion vectors of mlx5, irdma, bnxt_re and MANA

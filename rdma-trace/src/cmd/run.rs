@@ -20,7 +20,7 @@ use crate::{
     bpf::ProbeData,
     budget::{self, Added, Dropped, Preset},
     calibrate::Calibration,
-    cmd::{Window, write_json},
+    cmd::write_json,
     error::{DemoFailed, Unsupported},
     kernel::{Kernel, RdmaDevice},
     overhead::{LoaderUsage, Overhead, ProgramStat},
@@ -32,6 +32,7 @@ use crate::{
     softroce,
     tui::{Live, Progress, Sample, Source},
     waterfall::{self, Waterfall, WaterfallReport},
+    window::Window,
 };
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -8,12 +8,13 @@ use rdma_trace_common::{NR_SOFTIRQS, SOFTIRQ_NAMES};
 use serde::Serialize;
 
 use crate::{
-    cmd::{Window, wait_window, write_json},
+    cmd::write_json,
     kernel::Kernel,
     plan::Options,
     probes::{Driver, Method, ProbeDef, Shape},
     report::{ProbeReport, probe_reports, render},
     session::Session,
+    window::{Window, wait_window},
 };
 
 #[derive(clap::Args, Debug)]

@@ -26,9 +26,10 @@ use tokio::io::AsyncReadExt as _;
 
 use crate::{
     bpf::{chain, load_object},
-    cmd::{Window, wait_window, write_json},
+    cmd::write_json,
     error::{DemoFailed, Unsupported},
     kernel::Kernel,
+    window::{Window, wait_window},
 };
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]

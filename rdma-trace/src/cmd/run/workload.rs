@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::{Args, check_privileges};
 use crate::{
     baseline::{Baseline, delta},
-    cmd::{Window, write_json},
+    cmd::write_json,
     kernel::Kernel,
     overhead::Overhead,
     plan::Options,
@@ -23,6 +23,7 @@ use crate::{
     session::Session,
     timeline,
     tui::{Live, Sample, Source},
+    window::Window,
     workload::{self, Extra, ProcessCounts, Target},
 };
 
