@@ -42,6 +42,7 @@ use crate::{
     plan::Options,
     probes::{Driver, PROBES, ProbeDef, Unit},
     session::Session,
+    window::Waiter,
 };
 
 #[derive(clap::Args, Debug)]
@@ -136,8 +137,9 @@ pub async fn run(args: &Args) -> Result<()> {
         Ok(())
     };
     refresh(&page)?;
-    let mut tick = tokio::time::interval(args.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // No duration, no command: only a stop signal ends the export.
+    let mut waiter =
+        Waiter::new(None, None).every(args.interval, tokio::time::MissedTickBehavior::Delay);
     let server = tokio::spawn(serve_http(
         listener,
         Arc::clone(&page),
@@ -146,11 +148,8 @@ pub async fn run(args: &Args) -> Result<()> {
     ));
     // Aborts the server (and so closes the listener) however this function ends.
     let _server = AbortOnDrop(server);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => refresh(&page)?,
-            _ = crate::signals::stopped() => break,
-        }
+    while waiter.next_tick().await?.is_none() {
+        refresh(&page)?;
     }
     eprintln!("rdma-trace: stopped; probes detached");
     Ok(())
