@@ -423,18 +423,16 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
         .join(format!("test-{}", kernel.name()));
     let _ = std::fs::remove_dir_all(&results);
     std::fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
-    let mut script = String::from("rc=0\n");
+    let mut script = String::from(GUEST_RUNNER);
     for (i, exe) in executables.iter().enumerate() {
-        let log = results.join(format!("{i}.log"));
-        let (exe, log) = (
-            vm::shell_quote(&exe.to_string_lossy()),
-            vm::shell_quote(&log.to_string_lossy()),
-        );
-        // The log streams to the console while the tests run (a background `tail -f`), so
-        // that a guest that hangs shows the test it hung in.
+        let log = |suffix: &str| {
+            vm::shell_quote(&results.join(format!("{i}{suffix}.log")).to_string_lossy())
+        };
         script.push_str(&format!(
-            "echo \"== {exe}\"; : > {log}; tail -n +1 -f {log} & t=$!; \
-             {exe} --test-threads=1 > {log} 2>&1 || rc=1; sleep 1.5; kill $t; wait $t\n"
+            "suite {} {} {}\n",
+            vm::shell_quote(&exe.to_string_lossy()),
+            log(""),
+            log(".rerun"),
         ));
     }
     script.push_str("exit $rc\n");
@@ -464,23 +462,30 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
         code = boot()?;
     }
     let mut summaries = Vec::new();
-    for i in 0..executables.len() {
-        let log = std::fs::read_to_string(results.join(format!("{i}.log"))).unwrap_or_default();
-        summaries.extend(
-            log.lines()
-                .filter_map(|l| l.find("test result:").map(|p| l[p..].to_owned())),
-        );
-    }
-    if summaries.len() != executables.len() {
-        bail!(
-            "guest exited with status {code}; {} of {} test runners reported a result",
-            summaries.len(),
-            executables.len()
-        );
-    }
-    for (exe, line) in executables.iter().zip(&summaries) {
-        if tests_run(std::slice::from_ref(line)) == 0 {
-            bail!("{} ran no test in the guest: {line}", exe.display());
+    for (i, exe) in executables.iter().enumerate() {
+        let read = |suffix: &str| {
+            std::fs::read_to_string(results.join(format!("{i}{suffix}.log"))).unwrap_or_default()
+        };
+        let outcome = suite_outcome(&read(""), &read(".rerun"));
+        let Some(last) = outcome.summaries.last() else {
+            bail!(
+                "guest exited with status {code}; {} reported no test result",
+                exe.display()
+            );
+        };
+        if tests_run(&outcome.summaries) == 0 {
+            bail!("{} ran no test in the guest: {last}", exe.display());
+        }
+        summaries.extend(outcome.summaries.iter().cloned());
+        if !outcome.passed_again.is_empty() {
+            let line = format!(
+                "{}: {} test(s) failed or hung in the first run and passed when run again: {}",
+                exe.file_name().unwrap_or_default().to_string_lossy(),
+                outcome.passed_again.len(),
+                outcome.passed_again.join(", ")
+            );
+            say(&line);
+            summaries.push(line);
         }
     }
     if code != 0 {
@@ -493,9 +498,104 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
     Ok(summaries)
 }
 
+/// The guest's test runner (sh). `suite EXE LOG RERUN_LOG` runs one test executable, its log
+/// streaming to the console (so a hang shows its test). A watchdog stops a runner in which no
+/// test has finished for `IDLE` seconds (a hung test), with the programs the tests spawn. When the
+/// runner fails or is stopped, the tests that did not pass run once more, in the same boot; the
+/// host's summary names them. A second failure fails the suite.
+const GUEST_RUNNER: &str = r#"rc=0
+IDLE=600
+watchdog() { # log pid
+  last=-1; idle=0
+  while sleep 10; do
+    n=$(wc -c < "$1")
+    if [ "$n" = "$last" ]; then idle=$((idle + 10)); else idle=0; last=$n; fi
+    if [ $idle -ge $IDLE ]; then
+      echo "== no test finished for $IDLE s: stopping the runner and what it spawned" >> "$1"
+      pkill -9 -P $2; kill -9 $2; pkill -9 rdma-trace; pkill -9 rdma-demo
+      pkill -9 ibv_rc_pingpong; pkill -9 ib_send_lat
+      return
+    fi
+  done
+}
+run_logged() { # log exe args...
+  log=$1; shift
+  : > "$log"; tail -n +1 -f "$log" & t=$!
+  # The runner keeps this shell's standard input (0<&0), as in the foreground.
+  "$@" --test-threads=1 > "$log" 2>&1 0<&0 & p=$!
+  watchdog "$log" $p & w=$!
+  wait $p; st=$?
+  kill $w 2> /dev/null; sleep 1.5; kill $t; wait $t $w 2> /dev/null
+  return $st
+}
+suite() { # exe log rerun-log
+  echo "== $1"
+  run_logged "$2" "$1" && return
+  skip=$(sed -n 's/^test \(.*\) \.\.\. ok$/--skip \1/p' "$2" | tr '\n' ' ')
+  echo "== $1 failed: the tests that did not pass run once more"
+  run_logged "$3" "$1" --exact $skip || rc=1
+}
+"#;
+
+/// What a test executable's logs say: its summary lines (the first run's, and the second's when
+/// there was one) and the tests that passed only when run again.
+struct SuiteOutcome {
+    summaries: Vec<String>,
+    passed_again: Vec<String>,
+}
+
+fn suite_outcome(first: &str, rerun: &str) -> SuiteOutcome {
+    let results = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter_map(|l| l.find("test result:").map(|p| l[p..].to_owned()))
+            .collect()
+    };
+    let mut summaries = results(first);
+    let rerun_summaries = results(rerun);
+    let passed_again = if rerun_summaries.is_empty() {
+        Vec::new()
+    } else {
+        rerun
+            .lines()
+            .filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... ok"))
+            .map(str::to_owned)
+            .collect()
+    };
+    if !rerun_summaries.is_empty() {
+        // The first run's own line (if it got that far) says FAILED; the second decides.
+        summaries = summaries
+            .into_iter()
+            .map(|l| format!("first run: {l}"))
+            .chain(rerun_summaries)
+            .collect();
+    }
+    SuiteOutcome {
+        summaries,
+        passed_again,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_suite_that_passes_when_run_again_names_those_tests() {
+        let first = "test a ... ok\ntest b ... FAILED\ntest result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1s\n";
+        let rerun = "test b ... ok\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out; finished in 1s\n";
+        let o = suite_outcome(first, rerun);
+        assert_eq!(o.passed_again, ["b"]);
+        assert_eq!(o.summaries.len(), 2);
+        assert!(o.summaries[0].starts_with("first run: test result: FAILED"));
+        assert!(o.summaries[1].starts_with("test result: ok."));
+        // A runner stopped by the watchdog has no line of its own.
+        let o = suite_outcome("test a ... ok\n== no test finished for 600 s\n", rerun);
+        assert_eq!((o.summaries.len(), o.passed_again.len()), (1, 1));
+        // Without a second run, nothing passed again.
+        let o = suite_outcome(first, "");
+        assert!(o.passed_again.is_empty());
+        assert_eq!(o.summaries.len(), 1);
+    }
 
     #[test]
     fn tests_run_counts_passed_and_failed() {
