@@ -94,7 +94,7 @@ impl Bpf {
             slots: plan
                 .functions
                 .iter()
-                .map(|f| f.function.to_owned())
+                .map(|f| f.function.to_string())
                 .collect(),
             intervals: plan
                 .interval_probe
@@ -102,7 +102,7 @@ impl Bpf {
                 .map(|&id| {
                     plan.probes
                         .get(id as usize)
-                        .map_or("", |p| p.def.name)
+                        .map_or("", |p| &p.def.name)
                         .to_owned()
                 })
                 .collect(),
@@ -171,8 +171,8 @@ impl Bpf {
             let mut done = None;
             for &method in &f.methods {
                 let r = match method {
-                    Method::Kprobe => self.attach_kprobe_pair(slot, f.function),
-                    Method::Fentry => self.attach_fentry_pair(slot, f.function, &mut btf),
+                    Method::Kprobe => self.attach_kprobe_pair(slot, &f.function),
+                    Method::Fentry => self.attach_fentry_pair(slot, &f.function, &mut btf),
                     Method::RawTracepoint | Method::Uprobe => {
                         Err(anyhow!("not a kernel-function method"))
                     }
@@ -209,8 +209,8 @@ impl Bpf {
 
         let mut user = HashMap::new();
         for p in &plan.probes {
-            if let (Decision::Try(_), Shape::UserFunction { symbol, .. }, Some(lib)) =
-                (&p.decision, p.def.shape, &p.library)
+            if let (Decision::Try(_), &Shape::UserFunction { symbol, .. }, Some(lib)) =
+                (&p.decision, &p.def.shape, &p.library)
             {
                 let o = match self.attach_uprobe_pair(p.id, lib, symbol) {
                     Ok(()) => Outcome::Attached(Method::Uprobe),
@@ -229,9 +229,9 @@ impl Bpf {
                     return Outcome::Skipped(why.to_string());
                 }
                 let from_slot = |f: &str| slot_of(f).map(|i| slot_outcome[i].clone());
-                let o = match p.def.shape {
+                let o = match &p.def.shape {
                     Shape::Duration { function } => from_slot(function),
-                    Shape::Interval { from, to } => match (from_slot(from), from_slot(to)) {
+                    &Shape::Interval { from, to } => match (from_slot(from), from_slot(to)) {
                         (Some(Outcome::Attached(m)), Some(Outcome::Attached(_))) => {
                             Some(Outcome::Attached(m))
                         }
