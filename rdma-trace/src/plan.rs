@@ -17,7 +17,7 @@ use rdma_trace_common::{
 
 use crate::{
     kernel::{Kernel, RdmaDevice, Symbol},
-    probes::{Driver, Method, Patterns, ProbeDef, Shape},
+    probes::{Driver, Method, Patterns, ProbeDef, Role, Shape},
 };
 
 /// What the kernel offers, as far as probe selection is concerned.
@@ -331,6 +331,11 @@ impl Plan {
             .filter(|p| matches!(p.decision, Decision::Try(_)))
             .flat_map(|p| p.irqs.iter().map(move |&irq| (irq, p.id)))
             .collect()
+    }
+
+    /// The row whose count is the demo's progress ([`Role::Progress`]), when planned.
+    pub fn progress(&self) -> Option<&PlannedProbe> {
+        self.probes.iter().find(|p| p.def.role == Role::Progress)
     }
 
     pub fn wants(&self, pred: impl Fn(&Shape) -> bool) -> bool {

@@ -110,6 +110,16 @@ impl Patterns {
     }
 }
 
+/// What a row is for, besides its own histogram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A stage of the completion path (or of the network and interrupts under it).
+    Stage,
+    /// A stage whose count is also the demo's progress: rxe posts a fixed number of
+    /// completions per round trip.
+    Progress,
+}
+
 /// How a probe point can be attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -162,6 +172,7 @@ pub struct ProbeDef {
     /// The first kernel release (major, minor) whose sources have the row's functions, where
     /// older kernels the tool supports lack them.
     pub since: Option<(u32, u32)>,
+    pub role: Role,
 }
 
 impl ProbeDef {
@@ -191,6 +202,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("polling mode takes no completion events: expected 0"),
         module: Some("ib_uverbs"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("ibv_get_cq_event"),
@@ -204,6 +216,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("polling mode never waits on the completion channel"),
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("wakeup"),
@@ -217,6 +230,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("nobody blocked on a completion channel (polling mode)"),
         module: Some("ib_uverbs"),
         since: None,
+        role: Role::Stage,
     },
     // ---- mlx5 (mlx5_core + mlx5_ib, 6.1 and 6.12): IRQ mlx5_comp<N> → irq_int_handler →
     // mlx5_eq_comp_int (EQ) → user CQs: mlx5_add_cq_to_tasklet, then the tasklet
@@ -232,6 +246,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("mlx5_eq_comp_int"),
@@ -244,6 +259,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("mlx5_core"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("mlx5_cq_tasklet_cb"),
@@ -256,6 +272,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("only armed user CQs (event mode) go through the tasklet"),
         module: Some("mlx5_core"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("mlx5_ib_cq_comp"),
@@ -268,6 +285,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("only armed CQs (event mode) get completion callbacks"),
         module: Some("mlx5_ib"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("mlx5_ib_poll_cq"),
@@ -282,6 +300,7 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("mlx5_ib"),
         since: None,
+        role: Role::Stage,
     },
     // ---- irdma (6.1 and 6.12): IRQ (6.1 "CEQ"/"AEQCEQ", 6.12 irdma-<bdf>-CEQ-<n>) →
     // irdma_ceq_handler → tasklet irdma_ceq_dpc → irdma_process_ceq → irdma_iwarp_ce_handler →
@@ -297,6 +316,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("irdma_ceq_handler"),
@@ -311,6 +331,7 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("irdma"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("irdma_ceq_dpc"),
@@ -323,6 +344,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("irdma"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("irdma_process_ceq"),
@@ -335,6 +357,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("irdma"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("irdma_iwarp_ce_handler"),
@@ -347,6 +370,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("only armed CQs (event mode) get completion callbacks"),
         module: Some("irdma"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("irdma_poll_cq"),
@@ -361,6 +385,7 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("irdma"),
         since: None,
+        role: Role::Stage,
     },
     // ---- bnxt_re (6.12; Debian's 6.1 does not build it): IRQ bnxt_re-nq-<n>@pci:<bdf> →
     // bnxt_qplib_nq_irq → tasklet bnxt_qplib_service_nq → bnxt_re_cqn_handler → comp_handler.
@@ -375,6 +400,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("bnxt_qplib_nq_irq"),
@@ -387,6 +413,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("bnxt_re"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("bnxt_qplib_service_nq"),
@@ -399,6 +426,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("bnxt_re"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("bnxt_re_cqn_handler"),
@@ -411,6 +439,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("only armed CQs (event mode) get completion callbacks"),
         module: Some("bnxt_re"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("bnxt_re_poll_cq"),
@@ -425,6 +454,7 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("bnxt_re"),
         since: None,
+        role: Role::Stage,
     },
     // ---- mana_ib (6.12): IRQ mana_q<n>@pci:<bdf> (shared with the Ethernet queues) →
     // mana_gd_intr → mana_gd_process_eq_events (EQ) → mana_ib_cq_handler → comp_handler.
@@ -439,6 +469,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("mana_gd_intr"),
@@ -451,6 +482,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("mana"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("mana_gd_process_eq_events"),
@@ -463,6 +495,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("mana"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("mana_ib_cq_handler"),
@@ -475,6 +508,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("only armed CQs (event mode) get completion callbacks"),
         module: Some("mana_ib"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("mana_ib_poll_cq"),
@@ -489,6 +523,7 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("mana_ib"),
         since: Some((6, 15)),
+        role: Role::Stage,
     },
     // ---- rxe: packets arrive through the network stack; responder/completer post CQEs
     ProbeDef {
@@ -502,6 +537,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("traffic inside one rxe device loops back without the IP stack"),
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("rxe_rcv"),
@@ -514,6 +550,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("rxe_requester"),
@@ -526,6 +563,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("rxe_responder"),
@@ -538,6 +576,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("rxe_completer"),
@@ -550,6 +589,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("rxe_cq_post"),
@@ -562,6 +602,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Progress,
     },
     ProbeDef {
         name: Cow::Borrowed("rxe_poll_cq"),
@@ -576,6 +617,7 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     // ---- network and interrupts
     ProbeDef {
@@ -589,6 +631,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("napi_poll packets"),
@@ -599,6 +642,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("softirq NET_RX"),
@@ -609,6 +653,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("softirq TASKLET"),
@@ -619,6 +664,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
         name: Cow::Borrowed("irq nic"),
@@ -631,6 +677,7 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
 ];
 
@@ -684,6 +731,16 @@ mod tests {
             assert_eq!(Driver::from_name(d.name()), Some(d));
         }
         assert_eq!(Driver::from_name("mlx4"), None);
+    }
+
+    #[test]
+    fn one_row_counts_progress() {
+        let progress: Vec<&str> = PROBES
+            .iter()
+            .filter(|p| p.role == Role::Progress)
+            .map(|p| p.name.as_ref())
+            .collect();
+        assert_eq!(progress, ["rxe_cq_post"]);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::{
     error::Unsupported,
     kernel::Kernel,
     plan::Options,
-    probes::{Driver, Method, ProbeDef, Shape},
+    probes::{Driver, Method, ProbeDef, Role, Shape},
     report::{ProbeReport, probe_reports, render},
     session::Session,
 };
@@ -67,6 +67,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             zero_note: None,
             module: None,
             since: None,
+            role: Role::Stage,
         })
         .collect();
     let mut session = Session::start(&kernel, &defs, Options::default())?;

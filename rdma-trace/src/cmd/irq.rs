@@ -15,7 +15,7 @@ use crate::{
     kernel::Kernel,
     overhead::Overhead,
     plan::Options,
-    probes::{Driver, Method, PROBES, Patterns, ProbeDef, Shape, glob_match},
+    probes::{Driver, Method, PROBES, Patterns, ProbeDef, Role, Shape, glob_match},
     report::{ProbeReport, probe_reports, render},
     session::Session,
     tui::{Live, Sample, Source},
@@ -111,6 +111,7 @@ fn irq_probes(irqs: &[(u32, String)], patterns: &[String]) -> Vec<ProbeDef> {
             zero_note: None,
             module: None,
             since: None,
+            role: Role::Stage,
         })
         .collect();
     defs.extend(PROBES.iter().filter_map(|p| match p.shape {

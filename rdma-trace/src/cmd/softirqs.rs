@@ -11,7 +11,7 @@ use crate::{
     cmd::{Window, wait_window, write_json},
     kernel::Kernel,
     plan::Options,
-    probes::{Driver, Method, ProbeDef, Shape},
+    probes::{Driver, Method, ProbeDef, Role, Shape},
     report::{ProbeReport, probe_reports, render},
     session::Session,
 };
@@ -45,6 +45,7 @@ fn vector_probes() -> Vec<ProbeDef> {
             zero_note: None,
             module: None,
             since: None,
+            role: Role::Stage,
         })
         .collect()
 }
