@@ -2,7 +2,7 @@
 //!
 //! Probes stay attached while the [`Bpf`] value lives: dropping it detaches everything.
 
-use std::{cell::RefCell, collections::HashMap};
+use std::{cell::RefCell, collections::HashMap, fmt};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -19,7 +19,7 @@ use crate::{
     error::Unsupported,
     hist::Histogram,
     overhead::{ProgramStat, RunTimeStats},
-    plan::{Decision, Plan},
+    plan::{Decision, Plan, SkipReason},
     probes::{Method, Shape},
     workload::Extra,
 };
@@ -46,7 +46,28 @@ pub struct Bpf {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Attached(Method),
-    Skipped(String),
+    Skipped(NotAttached),
+}
+
+/// Why a probe is not attached; users read the `Display` line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotAttached {
+    /// The plan skipped it.
+    Planned(SkipReason),
+    /// The kernel or the loader refused every method tried: what they said.
+    Refused(String),
+    /// The plan holds nothing that attaches it.
+    NotPlanned,
+}
+
+impl fmt::Display for NotAttached {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotAttached::Planned(why) => why.fmt(f),
+            NotAttached::Refused(what) => f.write_str(what),
+            NotAttached::NotPlanned => f.write_str("not planned"),
+        }
+    }
 }
 
 /// Counters and histogram of one probe at one moment.
@@ -187,7 +208,7 @@ impl Bpf {
             }
             slot_outcome.push(match done {
                 Some(m) => Outcome::Attached(m),
-                None => Outcome::Skipped(errors.join("; ")),
+                None => Outcome::Skipped(NotAttached::Refused(errors.join("; "))),
             });
         }
         let softirq = plan.wants(|s| matches!(s, Shape::Softirq { .. })).then(|| {
@@ -204,7 +225,7 @@ impl Bpf {
                 ("irq_handler_entry", "irq_handler_entry"),
                 ("irq_handler_exit", "irq_handler_exit"),
             ]),
-            Err(e) => Outcome::Skipped(format!("{e:#}")),
+            Err(e) => Outcome::Skipped(NotAttached::Refused(format!("{e:#}"))),
         });
 
         let mut user = HashMap::new();
@@ -214,7 +235,7 @@ impl Bpf {
             {
                 let o = match self.attach_uprobe_pair(p.id, lib, symbol) {
                     Ok(()) => Outcome::Attached(Method::Uprobe),
-                    Err(e) => Outcome::Skipped(format!("{e:#}")),
+                    Err(e) => Outcome::Skipped(NotAttached::Refused(format!("{e:#}"))),
                 };
                 user.insert(p.id, o);
             }
@@ -226,7 +247,7 @@ impl Bpf {
             .iter()
             .map(|p| {
                 if let Decision::Skip(why) = &p.decision {
-                    return Outcome::Skipped(why.to_string());
+                    return Outcome::Skipped(NotAttached::Planned(why.clone()));
                 }
                 let from_slot = |f: &str| slot_of(f).map(|i| slot_outcome[i].clone());
                 let o = match &p.def.shape {
@@ -245,7 +266,7 @@ impl Bpf {
                     Shape::Irq { .. } => irq.clone(),
                     Shape::UserFunction { .. } => user.get(&p.id).cloned(),
                 };
-                o.unwrap_or_else(|| Outcome::Skipped("not planned".to_owned()))
+                o.unwrap_or(Outcome::Skipped(NotAttached::NotPlanned))
             })
             .collect())
     }
@@ -373,7 +394,7 @@ impl Bpf {
     fn attach_raw_tracepoints(&mut self, progs: &[(&str, &str)]) -> Outcome {
         for (prog, tp) in progs {
             if let Err(e) = self.attach_raw_tracepoint(prog, tp) {
-                return Outcome::Skipped(format!("{e:#}"));
+                return Outcome::Skipped(NotAttached::Refused(format!("{e:#}")));
             }
         }
         Outcome::Attached(Method::RawTracepoint)

@@ -58,7 +58,7 @@ pub fn probe_reports(
                     Outcome::Skipped(_) => None,
                 },
                 skipped: match o {
-                    Outcome::Skipped(why) => Some(why.clone()),
+                    Outcome::Skipped(why) => Some(why.to_string()),
                     Outcome::Attached(_) => None,
                 },
                 count,

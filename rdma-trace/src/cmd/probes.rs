@@ -218,7 +218,7 @@ fn check(defs: &[ProbeDef], facts: &Facts, opts: Options, rows: &mut [Row]) -> R
     for r in rows.iter_mut() {
         r.check = outcomes.remove(r.name.as_ref()).map(|o| match o {
             Outcome::Attached(m) => Check::Attached(m.label()),
-            Outcome::Skipped(why) => Check::Failed(why),
+            Outcome::Skipped(why) => Check::Failed(why.to_string()),
         });
     }
     Ok(())
