@@ -596,6 +596,11 @@ pub fn load_object<'a>(
     })
 }
 
+/// Whether the kernel refused `e` for want of privileges: EPERM or EACCES among its sources.
+pub(crate) fn is_permission_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    has_errno(e, libc::EPERM) || has_errno(e, libc::EACCES)
+}
+
 /// Whether an OS error `errno` is among the sources of `e` (aya nests the syscall's
 /// [`std::io::Error`] in its map and program errors).
 fn has_errno(e: &(dyn std::error::Error + 'static), errno: i32) -> bool {
@@ -648,6 +653,8 @@ mod tests {
     fn permission_is_recognised_by_errno_in_the_chain() {
         assert!(has_errno(&create_error(libc::EPERM), libc::EPERM));
         assert!(!has_errno(&create_error(libc::EINVAL), libc::EPERM));
+        assert!(is_permission_error(&create_error(libc::EACCES)));
+        assert!(!is_permission_error(&create_error(libc::ENOENT)));
         let text = chain(&create_error(libc::EPERM));
         assert!(text.contains("TGIDS"), "{text}");
     }
