@@ -2,7 +2,7 @@
 //!
 //! Probes stay attached while the [`Bpf`] value lives: dropping it detaches everything.
 
-use std::{cell::RefCell, collections::HashMap};
+use std::{cell::RefCell, collections::HashMap, fmt};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -19,7 +19,7 @@ use crate::{
     error::Unsupported,
     hist::Histogram,
     overhead::{ProgramStat, RunTimeStats},
-    plan::{Decision, Plan},
+    plan::{Decision, Plan, SkipReason},
     probes::{Method, Shape},
     workload::Extra,
 };
@@ -46,7 +46,28 @@ pub struct Bpf {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Attached(Method),
-    Skipped(String),
+    Skipped(NotAttached),
+}
+
+/// Why a probe is not attached; users read the `Display` line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotAttached {
+    /// The plan skipped it.
+    Planned(SkipReason),
+    /// The kernel or the loader refused every method tried: what they said.
+    Refused(String),
+    /// The plan holds nothing that attaches it.
+    NotPlanned,
+}
+
+impl fmt::Display for NotAttached {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotAttached::Planned(why) => why.fmt(f),
+            NotAttached::Refused(what) => f.write_str(what),
+            NotAttached::NotPlanned => f.write_str("not planned"),
+        }
+    }
 }
 
 /// Counters and histogram of one probe at one moment.
@@ -94,7 +115,7 @@ impl Bpf {
             slots: plan
                 .functions
                 .iter()
-                .map(|f| f.function.to_owned())
+                .map(|f| f.function.to_string())
                 .collect(),
             intervals: plan
                 .interval_probe
@@ -102,7 +123,7 @@ impl Bpf {
                 .map(|&id| {
                     plan.probes
                         .get(id as usize)
-                        .map_or("", |p| p.def.name)
+                        .map_or("", |p| &p.def.name)
                         .to_owned()
                 })
                 .collect(),
@@ -171,8 +192,8 @@ impl Bpf {
             let mut done = None;
             for &method in &f.methods {
                 let r = match method {
-                    Method::Kprobe => self.attach_kprobe_pair(slot, f.function),
-                    Method::Fentry => self.attach_fentry_pair(slot, f.function, &mut btf),
+                    Method::Kprobe => self.attach_kprobe_pair(slot, &f.function),
+                    Method::Fentry => self.attach_fentry_pair(slot, &f.function, &mut btf),
                     Method::RawTracepoint | Method::Uprobe => {
                         Err(anyhow!("not a kernel-function method"))
                     }
@@ -187,7 +208,7 @@ impl Bpf {
             }
             slot_outcome.push(match done {
                 Some(m) => Outcome::Attached(m),
-                None => Outcome::Skipped(errors.join("; ")),
+                None => Outcome::Skipped(NotAttached::Refused(errors.join("; "))),
             });
         }
         let softirq = plan.wants(|s| matches!(s, Shape::Softirq { .. })).then(|| {
@@ -204,17 +225,17 @@ impl Bpf {
                 ("irq_handler_entry", "irq_handler_entry"),
                 ("irq_handler_exit", "irq_handler_exit"),
             ]),
-            Err(e) => Outcome::Skipped(format!("{e:#}")),
+            Err(e) => Outcome::Skipped(NotAttached::Refused(format!("{e:#}"))),
         });
 
         let mut user = HashMap::new();
         for p in &plan.probes {
-            if let (Decision::Try(_), Shape::UserFunction { symbol, .. }, Some(lib)) =
-                (&p.decision, p.def.shape, &p.library)
+            if let (Decision::Try(_), &Shape::UserFunction { symbol, .. }, Some(lib)) =
+                (&p.decision, &p.def.shape, &p.library)
             {
                 let o = match self.attach_uprobe_pair(p.id, lib, symbol) {
                     Ok(()) => Outcome::Attached(Method::Uprobe),
-                    Err(e) => Outcome::Skipped(format!("{e:#}")),
+                    Err(e) => Outcome::Skipped(NotAttached::Refused(format!("{e:#}"))),
                 };
                 user.insert(p.id, o);
             }
@@ -226,12 +247,12 @@ impl Bpf {
             .iter()
             .map(|p| {
                 if let Decision::Skip(why) = &p.decision {
-                    return Outcome::Skipped(why.to_string());
+                    return Outcome::Skipped(NotAttached::Planned(why.clone()));
                 }
                 let from_slot = |f: &str| slot_of(f).map(|i| slot_outcome[i].clone());
-                let o = match p.def.shape {
+                let o = match &p.def.shape {
                     Shape::Duration { function } => from_slot(function),
-                    Shape::Interval { from, to } => match (from_slot(from), from_slot(to)) {
+                    &Shape::Interval { from, to } => match (from_slot(from), from_slot(to)) {
                         (Some(Outcome::Attached(m)), Some(Outcome::Attached(_))) => {
                             Some(Outcome::Attached(m))
                         }
@@ -245,7 +266,7 @@ impl Bpf {
                     Shape::Irq { .. } => irq.clone(),
                     Shape::UserFunction { .. } => user.get(&p.id).cloned(),
                 };
-                o.unwrap_or_else(|| Outcome::Skipped("not planned".to_owned()))
+                o.unwrap_or(Outcome::Skipped(NotAttached::NotPlanned))
             })
             .collect())
     }
@@ -373,7 +394,7 @@ impl Bpf {
     fn attach_raw_tracepoints(&mut self, progs: &[(&str, &str)]) -> Outcome {
         for (prog, tp) in progs {
             if let Err(e) = self.attach_raw_tracepoint(prog, tp) {
-                return Outcome::Skipped(format!("{e:#}"));
+                return Outcome::Skipped(NotAttached::Refused(format!("{e:#}")));
             }
         }
         Outcome::Attached(Method::RawTracepoint)
@@ -575,6 +596,11 @@ pub fn load_object<'a>(
     })
 }
 
+/// Whether the kernel refused `e` for want of privileges: EPERM or EACCES among its sources.
+pub(crate) fn is_permission_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    has_errno(e, libc::EPERM) || has_errno(e, libc::EACCES)
+}
+
 /// Whether an OS error `errno` is among the sources of `e` (aya nests the syscall's
 /// [`std::io::Error`] in its map and program errors).
 fn has_errno(e: &(dyn std::error::Error + 'static), errno: i32) -> bool {
@@ -627,6 +653,8 @@ mod tests {
     fn permission_is_recognised_by_errno_in_the_chain() {
         assert!(has_errno(&create_error(libc::EPERM), libc::EPERM));
         assert!(!has_errno(&create_error(libc::EINVAL), libc::EPERM));
+        assert!(is_permission_error(&create_error(libc::EACCES)));
+        assert!(!is_permission_error(&create_error(libc::ENOENT)));
         let text = chain(&create_error(libc::EPERM));
         assert!(text.contains("TGIDS"), "{text}");
     }

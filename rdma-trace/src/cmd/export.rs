@@ -330,7 +330,7 @@ impl ProbeLabels {
         };
         format!(
             "probe=\"{}\",driver=\"{driver}\",device=\"{}\",host=\"{}\"",
-            escape(def.name),
+            escape(&def.name),
             escape(device),
             escape(&self.host)
         )

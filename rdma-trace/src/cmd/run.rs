@@ -628,9 +628,7 @@ impl<'a> RunSource<'a> {
     /// Round trips of the phase (rxe posts 4 completions per round trip), when rxe_cq_post
     /// is attached.
     fn round_trips(&self, phase: &HashMap<u32, ProbeData>) -> Option<u64> {
-        let reports = &self.session.plan.probes;
-        let i = reports.iter().position(|p| p.def.name == "rxe_cq_post")?;
-        let id = reports[i].id;
+        let id = self.session.plan.progress()?.id;
         self.session.attached_ids().contains(&id).then_some(())?;
         let posts = phase.get(&id)?.counters[rdma_trace_common::C_EVENTS as usize];
         Some(posts / CQES_PER_ITERATION)
@@ -725,11 +723,12 @@ impl Source for RunSource<'_> {
         if let Some(o) = sample.overhead.as_mut() {
             o.tracing_adds = added;
         }
-        let cq_posts = sample
-            .probes
-            .iter()
-            .position(|p| p.name == "rxe_cq_post" && p.skipped.is_none())
-            .and_then(|i| phase.get(&self.session.plan.probes[i].id))
+        let cq_posts = self
+            .session
+            .plan
+            .progress()
+            .filter(|p| self.session.attached_ids().contains(&p.id))
+            .and_then(|p| phase.get(&p.id))
             .map(|d| d.counters[rdma_trace_common::C_EVENTS as usize]);
         sample.progress.done =
             cq_posts.map(|c| (c / CQES_PER_ITERATION).min(u64::from(self.iterations)));

@@ -331,13 +331,9 @@ impl Tracer {
                 .try_into()
                 .map_err(|e: aya::programs::ProgramError| anyhow!("{prog}: {}", chain(&e)))?;
             p.load()
-                .map_err(|e| permission(&chain(&e), &format!("loading {prog}")))?;
-            p.attach(tp).map_err(|e| {
-                permission(
-                    &chain(&e),
-                    &format!("attaching {prog} to raw tracepoint {tp}"),
-                )
-            })?;
+                .map_err(|e| permission(&e, &format!("loading {prog}")))?;
+            p.attach(tp)
+                .map_err(|e| permission(&e, &format!("attaching {prog} to raw tracepoint {tp}")))?;
         }
         Ok(Self { ebpf })
     }
@@ -376,8 +372,11 @@ impl Tracer {
     }
 }
 
-fn permission(text: &str, what: &str) -> anyhow::Error {
-    if text.contains("Operation not permitted") || text.contains("Permission denied") {
+/// `e` as the error of `what`: [`Unsupported`] (with the advice to run as root) when the
+/// kernel refused for want of privileges (EPERM or EACCES in the error's sources).
+fn permission(e: &(dyn std::error::Error + 'static), what: &str) -> anyhow::Error {
+    let text = chain(e);
+    if crate::bpf::is_permission_error(e) {
         anyhow!(Unsupported(format!(
             "{what}: {text}: run as root (CAP_BPF and CAP_PERFMON)"
         )))
@@ -597,6 +596,20 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    #[test]
+    fn refusals_for_want_of_privileges_are_unsupported_by_errno() {
+        for errno in [libc::EPERM, libc::EACCES] {
+            let e = permission(&std::io::Error::from_raw_os_error(errno), "loading p");
+            assert!(e.downcast_ref::<Unsupported>().is_some(), "{e}");
+            assert!(e.to_string().starts_with("loading p: "), "{e}");
+        }
+        let e = permission(
+            &std::io::Error::from_raw_os_error(libc::EINVAL),
+            "loading p",
+        );
+        assert!(e.downcast_ref::<Unsupported>().is_none(), "{e}");
+    }
     use rdma_trace_common::syscalls::{PHASE_SETUP, PHASE_TEARDOWN};
 
     fn table() -> SyscallTable {

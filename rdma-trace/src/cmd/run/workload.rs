@@ -3,6 +3,7 @@
 //! optional `--timeline`.
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, HashMap},
     path::Path,
     time::Duration,
@@ -68,9 +69,9 @@ struct ProcessReport {
     completion_events_read: Option<u64>,
     /// Probe events while one of its threads was current (its syscalls, and softirqs that ran on
     /// its time), by probe.
-    probes: BTreeMap<&'static str, u64>,
+    probes: BTreeMap<Cow<'static, str>, u64>,
     /// Calls of traced kernel functions in its context, by function.
-    calls: BTreeMap<&'static str, u64>,
+    calls: BTreeMap<Cow<'static, str>, u64>,
 }
 
 /// `--timeline` while a run lasts: the file (opened before anything is attached) and the
@@ -385,14 +386,14 @@ fn process_reports(session: &Session, target: &Target) -> Result<Vec<ProcessRepo
             .probes
             .iter()
             .find(|p| p.id == id)
-            .map(|p| p.def.name)
+            .map(|p| p.def.name.clone())
     };
     let function = |slot: u32| {
         session
             .plan
             .functions
             .get(slot as usize)
-            .map(|f| f.function)
+            .map(|f| f.function.clone())
     };
     let read_slot = session
         .plan
@@ -441,7 +442,7 @@ fn render_processes(list: &[ProcessReport], target: &Target) -> String {
         out.push_str("  (none)\n");
     }
     for p in list {
-        let mut counts: Vec<(&str, u64)> = p.probes.iter().map(|(k, v)| (*k, *v)).collect();
+        let mut counts: Vec<(&str, u64)> = p.probes.iter().map(|(k, v)| (k.as_ref(), *v)).collect();
         counts.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
         let counts: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
         out.push_str(&format!(
