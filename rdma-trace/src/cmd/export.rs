@@ -552,16 +552,10 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram, unit: Un
 
 #[cfg(test)]
 mod tests {
-    use rdma_trace_common::{HIST_SLOTS, hist_slot};
-
     use super::*;
 
     fn hist(values: &[u64]) -> Histogram {
-        let mut slots = vec![0; HIST_SLOTS as usize];
-        for &v in values {
-            slots[hist_slot(v) as usize] += 1;
-        }
-        Histogram::from_slots(slots)
+        Histogram::of_values(values)
     }
 
     fn value(text: &str, prefix: &str) -> f64 {

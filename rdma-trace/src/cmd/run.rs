@@ -233,13 +233,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let mut phases = Vec::new();
     let mut failure: Option<anyhow::Error> = None;
     let mut stopped = None;
-    let json_on_stdout = args.json.as_deref() == Some(Path::new("-"));
-    let mut live = Live::new(
-        "rdma-trace run",
-        !args.no_tui,
-        args.interval,
-        json_on_stdout,
-    );
+    let mut live = live_view(args);
     // On the screen the reports wait until it is closed.
     let mut deferred = String::new();
     let mut quit = false;
@@ -786,6 +780,17 @@ fn compare(poll: &Phase, event: &Phase) -> String {
         event.waterfall.as_ref(),
     ));
     out
+}
+
+/// The live view (or, without a terminal or with `--no-tui`, the text view) of a run.
+fn live_view(args: &Args) -> Live {
+    let json_on_stdout = args.json.as_deref() == Some(Path::new("-"));
+    Live::new(
+        "rdma-trace run",
+        !args.no_tui,
+        args.interval,
+        json_on_stdout,
+    )
 }
 
 #[cfg(test)]

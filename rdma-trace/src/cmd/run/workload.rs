@@ -5,7 +5,6 @@
 use std::{
     borrow::Cow,
     collections::{BTreeMap, HashMap},
-    path::Path,
     time::Duration,
 };
 
@@ -23,7 +22,7 @@ use crate::{
     report::{ProbeReport, probe_reports, render},
     session::Session,
     timeline,
-    tui::{Live, Sample, Source},
+    tui::{Sample, Source},
     window::Window,
     workload::{self, Extra, ProcessCounts, Target},
 };
@@ -239,13 +238,7 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         session.attach_table()
     );
 
-    let json_on_stdout = args.json.as_deref() == Some(Path::new("-"));
-    let mut live = Live::new(
-        "rdma-trace run",
-        !args.no_tui,
-        args.interval,
-        json_on_stdout,
-    );
+    let mut live = super::live_view(args);
     let (mut child, held) = match &target {
         Target::Command(cmd) => {
             let program = workload::resolve_command(&cmd[0])?;
