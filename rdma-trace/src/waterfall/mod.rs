@@ -12,11 +12,11 @@ pub mod topology;
 
 use std::{cell::RefCell, path::Path};
 
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Ebpf,
-    maps::{Array, MapData, PerCpuArray, RingBuf},
-    programs::{KProbe, TracePoint},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    programs::{KProbe, RawTracePoint, TracePoint},
 };
 use rdma_trace_common::waterfall::{
     CLASS_UNKNOWN, WF_CPUS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfHist, WfSample, WfThread,
@@ -200,7 +200,47 @@ impl Waterfall {
                 skipped,
             });
         }
+        // mlx5: the completion IRQ that runs before the callback on the same CPU is an earlier
+        // T0. The program is always loaded (so the verifier checks it everywhere), and attached
+        // where such IRQs exist.
+        let irqs = mlx5_completion_irqs(&crate::kernel::Kernel::live().interrupts());
+        let skipped = wf.mlx5_irq(&irqs).err().map(|e| format!("{e:#}"));
+        wf.notes.push(AttachNote {
+            program: "wf_mlx5_irq",
+            target: "raw_tp irq_handler_entry (mlx5 completion IRQs)".to_owned(),
+            skipped,
+        });
         Ok(wf)
+    }
+
+    /// Load `wf_mlx5_irq`; with completion IRQs `irqs`, list them and attach it.
+    fn mlx5_irq(&mut self, irqs: &[u32]) -> Result<()> {
+        let p: &mut RawTracePoint = self
+            .ebpf
+            .program_mut("wf_mlx5_irq")
+            .context("program wf_mlx5_irq is not in the eBPF object")?
+            .try_into()?;
+        p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
+        if irqs.is_empty() {
+            bail!("no mlx5 completion IRQ (mlx5_comp*) in /proc/interrupts");
+        }
+        let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(
+            self.ebpf
+                .map_mut("WF_T0_IRQS")
+                .context("map WF_T0_IRQS is not in the eBPF object")?,
+        )?;
+        for &irq in irqs {
+            map.insert(irq, 1, 0)
+                .map_err(|e| anyhow!("filling WF_T0_IRQS: {}", chain(&e)))?;
+        }
+        let p: &mut RawTracePoint = self
+            .ebpf
+            .program_mut("wf_mlx5_irq")
+            .context("program wf_mlx5_irq is not in the eBPF object")?
+            .try_into()?;
+        p.attach("irq_handler_entry")
+            .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
+        Ok(())
     }
 
     fn kprobe(&mut self, prog: &str, function: &str) -> Result<()> {
@@ -387,6 +427,24 @@ impl Waterfall {
     }
 }
 
+/// IRQ numbers of mlx5's completion vectors: the IRQs the probe table's mlx5 IRQ rows match.
+pub fn mlx5_completion_irqs(interrupts: &[(u32, String)]) -> Vec<u32> {
+    use crate::probes::{Driver, PROBES, Shape};
+    let patterns: Vec<_> = PROBES
+        .iter()
+        .filter(|p| p.driver == Driver::Mlx5)
+        .filter_map(|p| match &p.shape {
+            Shape::Irq { patterns } => Some(patterns),
+            _ => None,
+        })
+        .collect();
+    interrupts
+        .iter()
+        .filter(|(_, name)| patterns.iter().any(|p| p.matches(name)))
+        .map(|&(n, _)| n)
+        .collect()
+}
+
 /// The waterfall for `run`, or `None` with a line saying why not.
 pub fn start_or_explain(off: bool, sample: usize, timeline: usize) -> Option<Waterfall> {
     if off {
@@ -484,6 +542,23 @@ fn comm(raw: &[u8; 16]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mlx5_completion_irqs_are_the_comp_vectors_not_the_async_one() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/mlx5-6.12/proc/interrupts"
+        ))
+        .expect("fixture");
+        let irqs = crate::kernel::parse_interrupts(&text);
+        assert_eq!(mlx5_completion_irqs(&irqs), [121, 122]);
+        let rxe_guest = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/irdma-6.12/proc/interrupts"
+        ))
+        .expect("fixture");
+        assert!(mlx5_completion_irqs(&crate::kernel::parse_interrupts(&rxe_guest)).is_empty());
+    }
 
     #[test]
     fn comm_stops_at_nul() {
