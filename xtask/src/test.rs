@@ -531,9 +531,16 @@ run_logged() { # log exe args...
 suite() { # exe log rerun-log
   echo "== $1"
   run_logged "$2" "$1" && return
-  skip=$(sed -n 's/^test \(.*\) \.\.\. ok$/--skip \1/p' "$2" | tr '\n' ' ')
   echo "== $1 failed: the tests that did not pass run once more"
-  run_logged "$3" "$1" --exact $skip || rc=1
+  if grep -q '^test result:' "$2"; then
+    # The runner's own list of failures (the last `failures:` block).
+    again=$(awk '/^failures:$/ { n = "" } /^    [^ ]/ { n = n " " $1 } END { print n }' "$2")
+    run_logged "$3" "$1" --exact $again || rc=1
+  else
+    # Stopped by the watchdog: every test that had not passed.
+    skip=$(sed -n 's/^test \(.*\) \.\.\. ok$/--skip \1/p' "$2" | tr '\n' ' ')
+    run_logged "$3" "$1" --exact $skip || rc=1
+  fi
 }
 "#;
 
