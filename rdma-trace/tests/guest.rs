@@ -49,14 +49,21 @@ fn roce_v2_gid_index(dev: &str, ip: [u8; 4]) -> u32 {
 }
 
 fn wait_timeout(child: &mut Child, limit: Duration) -> ExitStatus {
+    try_wait_timeout(child, limit).unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("process did not finish within {limit:?}")
+    })
+}
+
+/// The child's status, or `None` when it is still running after `limit`.
+fn try_wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
+            return Some(status);
         }
         if start.elapsed() > limit {
-            let _ = child.kill();
-            panic!("process did not finish within {limit:?}");
+            return None;
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -13,7 +13,7 @@ use std::{
 use super::{
     RDMA_TRACE, RestoreRxe, delete_testbed_devices, demo_processes,
     harness::{KillOnDrop, rdma_trace, run_json, run_json_with},
-    wait_timeout,
+    try_wait_timeout, wait_timeout,
 };
 
 const KPROBE_LIST: &str = "/sys/kernel/debug/kprobes/list";
@@ -161,12 +161,20 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped()),
             );
-            let mut err_pipe = child.stderr.take().unwrap();
-            let stderr = std::thread::spawn(move || {
-                let mut s = String::new();
-                let _ = err_pipe.read_to_string(&mut s);
-                s
-            });
+            let err_pipe = child.stderr.take().unwrap();
+            // What rdma-trace said so far, readable while it runs (a failure shows it).
+            let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+            let stderr = {
+                let said = said.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(err_pipe).lines().map_while(Result::ok) {
+                        let mut s = said.lock().unwrap();
+                        s.push_str(&line);
+                        s.push('\n');
+                    }
+                    said.lock().unwrap().clone()
+                })
+            };
             let (tx, blocks) = mpsc::channel();
             let out_pipe = child.stdout.take().unwrap();
             std::thread::spawn(move || {
@@ -212,7 +220,13 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
             let caught = catches(child.id(), sig);
             // SAFETY: kill sends a signal to the child we started.
             assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0, "{case}");
-            let status = wait_timeout(&mut child, Duration::from_secs(60));
+            let status = match try_wait_timeout(&mut child, Duration::from_secs(60)) {
+                Some(s) => s,
+                None => panic!(
+                    "{case}: rdma-trace did not end within 60 s of the signal; its stderr so far:\n{}",
+                    said.lock().unwrap()
+                ),
+            };
             let stderr = stderr.join().unwrap();
             let removed =
                 stderr.contains("removed the leftover temporary Soft-RoCE device rdmatrace0");
