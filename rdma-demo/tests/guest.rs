@@ -220,29 +220,66 @@ fn unknown_device_names_the_available_ones() {
 // ---------------------------------------------------------------- demos
 
 use std::io::Write as _;
+use std::ops::{Deref, DerefMut};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-fn spawn(args: &[&str]) -> Child {
-    Command::new(bin())
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn rdma-demo {args:?}: {e}"))
+/// A spawned rdma-demo, killed (and reaped) when dropped, also when a test fails: a demo left
+/// behind (some run `-i 1000000`) would run on through the tests after it.
+struct Running(Option<Child>);
+
+impl Running {
+    /// Waits for the demo's end and collects its output, as `Child::wait_with_output`.
+    fn output(mut self) -> Output {
+        let child = self.0.take().expect("a child");
+        child.wait_with_output().expect("output")
+    }
+}
+
+impl Deref for Running {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("a child")
+    }
+}
+
+impl DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("a child")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn(args: &[&str]) -> Running {
+    Running(Some(
+        Command::new(bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn rdma-demo {args:?}: {e}")),
+    ))
 }
 
 /// Waits for `child` at most `limit`; kills it and fails the test if it does not exit.
-fn wait_within(mut child: Child, limit: Duration, what: &str) -> (Output, Duration) {
+fn wait_within(mut child: Running, limit: Duration, what: &str) -> (Output, Duration) {
     let start = Instant::now();
     loop {
         if child.try_wait().expect("try_wait").is_some() {
-            let out = child.wait_with_output().expect("output");
-            return (out, start.elapsed());
+            return (child.output(), start.elapsed());
         }
         if start.elapsed() > limit {
             let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
+            let out = child.output();
             panic!(
                 "{what} still running after {limit:?}; stderr: {}",
                 String::from_utf8_lossy(&out.stderr)
@@ -277,26 +314,30 @@ fn wait_listening(port: u16) {
     });
 }
 
-/// Until process `pid` has an RDMA device open (`/dev/infiniband/uverbs*`): it set up its
-/// endpoint and goes on to the TCP exchange.
-fn wait_device_open(child: &mut Child) {
-    let fds = format!("/proc/{}/fd", child.id());
+/// Whether process `pid` has an RDMA device open (`/dev/infiniband/uverbs*`).
+fn device_open(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|d| {
+        d.filter_map(Result::ok).any(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|t| t.to_string_lossy().starts_with("/dev/infiniband/uverbs"))
+        })
+    })
+}
+
+/// Until process `pid` has an RDMA device open: it set up its endpoint and goes on to the TCP
+/// exchange.
+fn wait_device_open(child: &mut Running) {
     wait_until(
         &format!("rdma-demo {} opened its device", child.id()),
         || {
             assert_eq!(child.try_wait().unwrap(), None, "rdma-demo ended early");
-            std::fs::read_dir(&fds).is_ok_and(|d| {
-                d.filter_map(Result::ok).any(|e| {
-                    std::fs::read_link(e.path())
-                        .is_ok_and(|t| t.to_string_lossy().starts_with("/dev/infiniband/uverbs"))
-                })
-            })
+            device_open(child.id())
         },
     );
 }
 
 /// Until `child` is in its data phase (its thread renames itself `rdma-demo:data`).
-fn wait_data_phase(child: &mut Child) {
+fn wait_data_phase(child: &mut Running) {
     let comm = format!("/proc/{}/comm", child.id());
     wait_until(
         &format!("rdma-demo {} is in its data phase", child.id()),
@@ -321,11 +362,10 @@ fn results_dir() -> PathBuf {
         .unwrap_or_else(std::env::temp_dir)
 }
 
-/// Runs a loopback demo rxe0 (client) ↔ rxe1 (server) with --json; returns stdout and JSON.
-fn loopback_json(demo: &str, extra: &[&str]) -> (String, Value) {
-    let json = results_dir().join(format!("{demo}-{}.json", extra.join("")));
-    let json_s = json.to_str().unwrap().to_string();
-    let mut args = vec![
+/// `DEMO --loopback -p 0 -d rxe0 --server-device rxe1 EXTRA`: one process, its client on rxe0
+/// and its server on rxe1.
+fn loopback<'a>(demo: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let base = [
         demo,
         "--loopback",
         "-p",
@@ -334,11 +374,15 @@ fn loopback_json(demo: &str, extra: &[&str]) -> (String, Value) {
         "rxe0",
         "--server-device",
         "rxe1",
-        "--json",
-        &json_s,
     ];
-    args.extend_from_slice(extra);
-    let stdout = success_stdout(&args);
+    [&base[..], extra].concat()
+}
+
+/// Runs a loopback demo rxe0 (client) ↔ rxe1 (server) with --json; returns stdout and JSON.
+fn loopback_json(demo: &str, extra: &[&str]) -> (String, Value) {
+    let json = results_dir().join(format!("{demo}-{}.json", extra.join("")));
+    let json_s = json.to_str().unwrap().to_string();
+    let stdout = success_stdout(&loopback(demo, &[&["--json", &json_s], extra].concat()));
     let v: Value =
         serde_json::from_slice(&std::fs::read(&json).expect("JSON written")).expect("JSON parses");
     (stdout, v)
@@ -475,28 +519,11 @@ fn unknown_device_in_a_demo() {
 
 #[test]
 fn gid_index_out_of_range_or_empty() {
-    let out = rdma_demo(&[
-        "pingpong",
-        "-d",
-        "rxe0",
-        "-g",
-        "999",
-        "127.0.0.1",
-        "-p",
-        "1",
-    ]);
+    let with_gid = |g| rdma_demo(&["pingpong", "-d", "rxe0", "-g", g, "127.0.0.1", "-p", "1"]);
+    let out = with_gid("999");
     assert_eq!(out.status.code(), Some(4));
     assert!(one_error_line(&out).contains("GID index 999 is out of range"));
-    let out = rdma_demo(&[
-        "pingpong",
-        "-d",
-        "rxe0",
-        "-g",
-        "200",
-        "127.0.0.1",
-        "-p",
-        "1",
-    ]);
+    let out = with_gid("200");
     assert_eq!(out.status.code(), Some(4));
     assert!(one_error_line(&out).contains("GID index 200 of rxe0 port 1 is empty"));
 }
@@ -506,15 +533,8 @@ fn gid_index_out_of_range_or_empty() {
 /// to its exit.
 fn time_after_setup(args: &[&str]) -> (Output, Duration) {
     let mut child = spawn(args);
-    let fds = format!("/proc/{}/fd", child.id());
     wait_until("rdma-demo opened its device or ended", || {
-        child.try_wait().unwrap().is_some()
-            || std::fs::read_dir(&fds).is_ok_and(|d| {
-                d.filter_map(Result::ok).any(|e| {
-                    std::fs::read_link(e.path())
-                        .is_ok_and(|t| t.to_string_lossy().starts_with("/dev/infiniband/uverbs"))
-                })
-            })
+        child.try_wait().unwrap().is_some() || device_open(child.id())
     });
     let start = Instant::now();
     let (out, _) = wait_within(child, Duration::from_secs(60), "rdma-demo");
@@ -704,37 +724,18 @@ fn different_runs_on_the_two_sides_are_refused() {
 fn peer_dies_mid_run(mode: &str, port: &str) {
     // The client first: it retries connecting, so the server (whose short --timeout also
     // bounds its accept) connects at once however slowly the guest starts processes.
-    let mut client = spawn(&[
-        "pingpong",
-        "-d",
-        "rxe0",
-        "--mode",
-        mode,
-        "-p",
-        port,
-        "-i",
-        "1000000",
-        "-S",
-        "64",
-        "127.0.0.1",
-    ]);
+    // The run both sides agree on.
+    let both = ["--mode", mode, "-p", port, "-i", "1000000", "-S", "64"];
+    let mut client = spawn(&[&["pingpong", "-d", "rxe0"], &both[..], &["127.0.0.1"]].concat());
     wait_device_open(&mut client);
-    let mut server = spawn(&[
-        "pingpong",
-        "-s",
-        "-d",
-        "rxe1",
-        "--mode",
-        mode,
-        "-p",
-        port,
-        "-i",
-        "1000000",
-        "-S",
-        "64",
-        "--timeout",
-        "2",
-    ]);
+    let mut server = spawn(
+        &[
+            &["pingpong", "-s", "-d", "rxe1"],
+            &both[..],
+            &["--timeout", "2"],
+        ]
+        .concat(),
+    );
     wait_data_phase(&mut client);
     wait_data_phase(&mut server);
     client.kill().unwrap();
@@ -763,17 +764,9 @@ fn peer_dies_mid_run_in_poll_mode() {
     peer_dies_mid_run("poll", "18624");
 }
 
-#[test]
-fn remote_access_error_is_reported() {
-    let out = rdma_demo(&[
-        "write-read",
-        "--loopback",
-        "-p",
-        "0",
-        "-d",
-        "rxe0",
-        "--server-device",
-        "rxe1",
+/// A short loopback run of `demo` with `--inject-fault FAULT`.
+fn with_fault(demo: &str, fault: &str) -> Output {
+    let run = [
         "-i",
         "5",
         "-S",
@@ -781,8 +774,14 @@ fn remote_access_error_is_reported() {
         "--timeout",
         "2",
         "--inject-fault",
-        "bad-rkey",
-    ]);
+        fault,
+    ];
+    rdma_demo(&loopback(demo, &run))
+}
+
+#[test]
+fn remote_access_error_is_reported() {
+    let out = with_fault("write-read", "bad-rkey");
     assert_eq!(out.status.code(), Some(8));
     let line = one_error_line(&out);
     assert!(
@@ -795,24 +794,7 @@ fn remote_access_error_is_reported() {
 
 #[test]
 fn failed_qp_transition_names_it_and_the_errno() {
-    let out = rdma_demo(&[
-        "pingpong",
-        "--loopback",
-        "-p",
-        "0",
-        "-d",
-        "rxe0",
-        "--server-device",
-        "rxe1",
-        "-i",
-        "5",
-        "-S",
-        "64",
-        "--timeout",
-        "2",
-        "--inject-fault",
-        "bad-sgid",
-    ]);
+    let out = with_fault("pingpong", "bad-sgid");
     assert_eq!(out.status.code(), Some(1));
     let line = one_error_line(&out);
     assert!(line.contains("ibv_modify_qp(INIT->RTR)"), "{line}");
@@ -846,13 +828,14 @@ fn port_not_active() {
         .status()
         .expect("run ip");
     assert!(st.success());
-    let mut out = rdma_demo(&["pingpong", "-d", "rxe1", "-p", "1", "127.0.0.1"]);
+    let client = || rdma_demo(&["pingpong", "-d", "rxe1", "-p", "1", "127.0.0.1"]);
+    let mut out = client();
     for _ in 0..50 {
         if out.status.code() == Some(4) {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
-        out = rdma_demo(&["pingpong", "-d", "rxe1", "-p", "1", "127.0.0.1"]);
+        out = client();
     }
     assert_eq!(out.status.code(), Some(4));
     let line = one_error_line(&out);

@@ -6,7 +6,8 @@
 //! - T0 → T1: rxe posts a CQE (`rxe_cq_post`) and may run the handler later from a tasklet:
 //!   keyed by the CQ (`struct rxe_cq` starts with its `ib_cq`); T0 is the first CQE posted
 //!   since the CQ was armed (`rxe_req_notify_cq`), the one that raised the event. mlx5 calls the handler nested
-//!   in `mlx5_ib_cq_comp`: a per-CPU stamp.
+//!   in `mlx5_ib_cq_comp`: a per-CPU stamp, taken back to the entry of the `mlx5_comp*` hard IRQ
+//!   that ran before it on the same CPU (within `IRQ_T0_WINDOW_NS`), when there is one.
 //! - T1 → T2: the handler runs on one CPU and `sched_waking` fires inside it, on that CPU: a
 //!   per-CPU "handler in progress" slot names the channel and the event.
 //! - Each handler call appends its event to its channel's queue (`ev_queue`, the handler's
@@ -25,9 +26,9 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
         bpf_probe_read_kernel,
     },
-    macros::{kprobe, kretprobe, map, tracepoint},
+    macros::{kprobe, kretprobe, map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
-    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
 };
 use rdma_trace_common::{
     hist_slot,
@@ -101,6 +102,15 @@ static WF_T0_CQ: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
 /// mlx5: the driver's completion callback running on this CPU.
 #[map]
 static WF_T0_CPU: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// mlx5: the IRQ numbers of its completion vectors (`mlx5_comp*`, from /proc/interrupts),
+/// filled by the loader.
+#[map]
+static WF_T0_IRQS: HashMap<u32, u8> = HashMap::with_max_entries(256, 0);
+/// mlx5: when the last of those IRQs began on this CPU (0: none since the last callback).
+#[map]
+static WF_T0_IRQ_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// A completion IRQ older than this is not the one that led to the callback.
+const IRQ_T0_WINDOW_NS: u64 = 10_000_000;
 #[map]
 static WF_WAKE: LruHashMap<u32, Wake> = LruHashMap::with_max_entries(4096, 0);
 #[map]
@@ -159,11 +169,36 @@ pub fn wf_rxe_arm(ctx: ProbeContext) -> u32 {
     0
 }
 
+/// irq_handler_entry(irq, action): an mlx5 completion vector's hard IRQ begins on this CPU.
+#[raw_tracepoint(tracepoint = "irq_handler_entry")]
+pub fn wf_mlx5_irq(ctx: RawTracePointContext) -> i32 {
+    let irq = ctx.arg::<u64>(0) as u32;
+    // SAFETY: only the presence of the key is used.
+    if unsafe { WF_T0_IRQS.get(&irq) }.is_some()
+        && let Some(p) = WF_T0_IRQ_AT.get_ptr_mut(0)
+    {
+        // SAFETY: this CPU's slot of a per-CPU array; hard IRQ handlers do not nest.
+        unsafe { *p = now() };
+    }
+    0
+}
+
 #[kprobe]
 pub fn wf_mlx5_cq_comp(_ctx: ProbeContext) -> u32 {
+    let t = now();
+    // The completion IRQ that ran before this callback on this CPU, if recent: it is T0.
+    let irq_at = WF_T0_IRQ_AT
+        .get_ptr_mut(0)
+        // SAFETY: this CPU's slot, taken and cleared.
+        .map_or(0, |p| unsafe { core::mem::replace(&mut *p, 0) });
+    let t0 = if irq_at != 0 && t.saturating_sub(irq_at) <= IRQ_T0_WINDOW_NS {
+        irq_at
+    } else {
+        t
+    };
     if let Some(p) = WF_T0_CPU.get_ptr_mut(0) {
         // SAFETY: this CPU's slot of a per-CPU array; programs do not re-enter on one CPU.
-        unsafe { *p = now() };
+        unsafe { *p = t0 };
     }
     0
 }

@@ -2,7 +2,7 @@
 //!
 //! Probes stay attached while the [`Bpf`] value lives: dropping it detaches everything.
 
-use std::{cell::RefCell, collections::HashMap};
+use std::{cell::RefCell, collections::HashMap, fmt};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -19,7 +19,7 @@ use crate::{
     error::Unsupported,
     hist::Histogram,
     overhead::{ProgramStat, RunTimeStats},
-    plan::{Decision, Plan},
+    plan::{Decision, Plan, SkipReason},
     probes::{Method, Shape},
     workload::Extra,
 };
@@ -46,7 +46,28 @@ pub struct Bpf {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Attached(Method),
-    Skipped(String),
+    Skipped(NotAttached),
+}
+
+/// Why a probe is not attached; users read the `Display` line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotAttached {
+    /// The plan skipped it.
+    Planned(SkipReason),
+    /// The kernel or the loader refused every method tried: what they said.
+    Refused(String),
+    /// The plan holds nothing that attaches it.
+    NotPlanned,
+}
+
+impl fmt::Display for NotAttached {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotAttached::Planned(why) => why.fmt(f),
+            NotAttached::Refused(what) => f.write_str(what),
+            NotAttached::NotPlanned => f.write_str("not planned"),
+        }
+    }
 }
 
 /// Counters and histogram of one probe at one moment.
@@ -66,38 +87,25 @@ impl Bpf {
 
     /// [`Bpf::load`], with the workload and timeline configuration of `extra`.
     pub fn load_with(plan: &Plan, extra: &Extra) -> Result<Self> {
-        raise_memlock();
         let stats = RunTimeStats::enable();
         let kslots = plan.kslots();
-        let ebpf = EbpfLoader::new()
-            .override_global("WORKLOAD", &extra.workload, true)
-            .override_global("TRACER_TGID", &extra.tracer_tgid, true)
-            .override_global("NEWTASK_PID_OFFSET", &extra.newtask_pid_offset, true)
-            .override_global("NEWTASK_FLAGS_OFFSET", &extra.newtask_flags_offset, true)
-            .override_global("TIMELINE", &u32::from(extra.timeline), true)
-            .override_global("FILTER_TGIDS", &u32::from(!extra.every_process()), true)
-            .map_max_entries("TIMELINE_EVENTS", extra.timeline_ring_bytes())
-            .override_global("KSLOTS", &kslots, true)
-            .override_global("SOFTIRQ_PROBE", &plan.softirq_probe, true)
-            .override_global("NAPI_PROBE", &plan.napi_probe, true)
-            .override_global("INTERVAL_PROBE", &plan.interval_probe, true)
-            .override_global(
-                crate::ebpf_log::LEVEL_GLOBAL,
-                &crate::ebpf_log::level(),
-                false,
-            )
-            .load(OBJECT)
-            .map_err(|e| {
-                let text = chain(&e);
-                if text.contains("Operation not permitted") {
-                    anyhow!(Unsupported(format!(
-                        "the kernel refused to create eBPF maps ({text}): run as root (CAP_BPF and CAP_PERFMON)"
-                    )))
-                } else {
-                    anyhow!("loading the eBPF object: {text}")
-                }
-            })?;
-        let mut ebpf = ebpf;
+        let timeline = u32::from(extra.timeline);
+        let filter_tgids = u32::from(!extra.every_process());
+        let log_level = crate::ebpf_log::level();
+        let mut ebpf = load_object("the eBPF object", |l| {
+            l.override_global("WORKLOAD", &extra.workload, true)
+                .override_global("TRACER_TGID", &extra.tracer_tgid, true)
+                .override_global("NEWTASK_PID_OFFSET", &extra.newtask_pid_offset, true)
+                .override_global("NEWTASK_FLAGS_OFFSET", &extra.newtask_flags_offset, true)
+                .override_global("TIMELINE", &timeline, true)
+                .override_global("FILTER_TGIDS", &filter_tgids, true)
+                .map_max_entries("TIMELINE_EVENTS", extra.timeline_ring_bytes())
+                .override_global("KSLOTS", &kslots, true)
+                .override_global("SOFTIRQ_PROBE", &plan.softirq_probe, true)
+                .override_global("NAPI_PROBE", &plan.napi_probe, true)
+                .override_global("INTERVAL_PROBE", &plan.interval_probe, true)
+                .override_global(crate::ebpf_log::LEVEL_GLOBAL, &log_level, false)
+        })?;
         let tgids = ebpf
             .take_map("TGIDS")
             .context("map TGIDS is not in the eBPF object")?;
@@ -107,7 +115,7 @@ impl Bpf {
             slots: plan
                 .functions
                 .iter()
-                .map(|f| f.function.to_owned())
+                .map(|f| f.function.to_string())
                 .collect(),
             intervals: plan
                 .interval_probe
@@ -115,7 +123,7 @@ impl Bpf {
                 .map(|&id| {
                     plan.probes
                         .get(id as usize)
-                        .map_or("", |p| p.def.name)
+                        .map_or("", |p| &p.def.name)
                         .to_owned()
                 })
                 .collect(),
@@ -184,8 +192,8 @@ impl Bpf {
             let mut done = None;
             for &method in &f.methods {
                 let r = match method {
-                    Method::Kprobe => self.attach_kprobe_pair(slot, f.function),
-                    Method::Fentry => self.attach_fentry_pair(slot, f.function, &mut btf),
+                    Method::Kprobe => self.attach_kprobe_pair(slot, &f.function),
+                    Method::Fentry => self.attach_fentry_pair(slot, &f.function, &mut btf),
                     Method::RawTracepoint | Method::Uprobe => {
                         Err(anyhow!("not a kernel-function method"))
                     }
@@ -200,7 +208,7 @@ impl Bpf {
             }
             slot_outcome.push(match done {
                 Some(m) => Outcome::Attached(m),
-                None => Outcome::Skipped(errors.join("; ")),
+                None => Outcome::Skipped(NotAttached::Refused(errors.join("; "))),
             });
         }
         let softirq = plan.wants(|s| matches!(s, Shape::Softirq { .. })).then(|| {
@@ -217,17 +225,17 @@ impl Bpf {
                 ("irq_handler_entry", "irq_handler_entry"),
                 ("irq_handler_exit", "irq_handler_exit"),
             ]),
-            Err(e) => Outcome::Skipped(format!("{e:#}")),
+            Err(e) => Outcome::Skipped(NotAttached::Refused(format!("{e:#}"))),
         });
 
         let mut user = HashMap::new();
         for p in &plan.probes {
-            if let (Decision::Try(_), Shape::UserFunction { symbol, .. }, Some(lib)) =
-                (&p.decision, p.def.shape, &p.library)
+            if let (Decision::Try(_), &Shape::UserFunction { symbol, .. }, Some(lib)) =
+                (&p.decision, &p.def.shape, &p.library)
             {
                 let o = match self.attach_uprobe_pair(p.id, lib, symbol) {
                     Ok(()) => Outcome::Attached(Method::Uprobe),
-                    Err(e) => Outcome::Skipped(format!("{e:#}")),
+                    Err(e) => Outcome::Skipped(NotAttached::Refused(format!("{e:#}"))),
                 };
                 user.insert(p.id, o);
             }
@@ -239,12 +247,12 @@ impl Bpf {
             .iter()
             .map(|p| {
                 if let Decision::Skip(why) = &p.decision {
-                    return Outcome::Skipped(why.to_string());
+                    return Outcome::Skipped(NotAttached::Planned(why.clone()));
                 }
                 let from_slot = |f: &str| slot_of(f).map(|i| slot_outcome[i].clone());
-                let o = match p.def.shape {
+                let o = match &p.def.shape {
                     Shape::Duration { function } => from_slot(function),
-                    Shape::Interval { from, to } => match (from_slot(from), from_slot(to)) {
+                    &Shape::Interval { from, to } => match (from_slot(from), from_slot(to)) {
                         (Some(Outcome::Attached(m)), Some(Outcome::Attached(_))) => {
                             Some(Outcome::Attached(m))
                         }
@@ -258,7 +266,7 @@ impl Bpf {
                     Shape::Irq { .. } => irq.clone(),
                     Shape::UserFunction { .. } => user.get(&p.id).cloned(),
                 };
-                o.unwrap_or_else(|| Outcome::Skipped("not planned".to_owned()))
+                o.unwrap_or(Outcome::Skipped(NotAttached::NotPlanned))
             })
             .collect())
     }
@@ -386,7 +394,7 @@ impl Bpf {
     fn attach_raw_tracepoints(&mut self, progs: &[(&str, &str)]) -> Outcome {
         for (prog, tp) in progs {
             if let Err(e) = self.attach_raw_tracepoint(prog, tp) {
-                return Outcome::Skipped(format!("{e:#}"));
+                return Outcome::Skipped(NotAttached::Refused(format!("{e:#}")));
             }
         }
         Outcome::Attached(Method::RawTracepoint)
@@ -565,6 +573,43 @@ fn sum_cpus<'a>(per_cpu: impl Iterator<Item = &'a ProbeRow>) -> ProbeData {
     data
 }
 
+/// Load the embedded eBPF object (creating its maps; programs load when attached), with the
+/// globals and map sizes `configure` sets. The one place the object is loaded: the memlock
+/// limit is raised first, and a refusal for lack of privileges is [`Unsupported`] with what to
+/// do. `what` names the load in other errors (`loading {what}: ...`).
+pub fn load_object<'a>(
+    what: &str,
+    configure: impl for<'l> FnOnce(&'l mut EbpfLoader<'a>) -> &'l mut EbpfLoader<'a>,
+) -> Result<Ebpf> {
+    raise_memlock();
+    let mut loader = EbpfLoader::new();
+    configure(&mut loader);
+    loader.load(OBJECT).map_err(|e| {
+        let text = chain(&e);
+        if has_errno(&e, libc::EPERM) {
+            anyhow!(Unsupported(format!(
+                "the kernel refused to create eBPF maps ({text}): run as root (CAP_BPF and CAP_PERFMON)"
+            )))
+        } else {
+            anyhow!("loading {what}: {text}")
+        }
+    })
+}
+
+/// Whether the kernel refused `e` for want of privileges: EPERM or EACCES among its sources.
+pub(crate) fn is_permission_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    has_errno(e, libc::EPERM) || has_errno(e, libc::EACCES)
+}
+
+/// Whether an OS error `errno` is among the sources of `e` (aya nests the syscall's
+/// [`std::io::Error`] in its map and program errors).
+fn has_errno(e: &(dyn std::error::Error + 'static), errno: i32) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error() == Some(errno))
+    })
+}
+
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; later ones use memcg and ignore it.
 fn raise_memlock() {
     let rlim = libc::rlimit {
@@ -589,4 +634,28 @@ pub fn chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use aya::{EbpfError, maps::MapError};
+
+    use super::*;
+
+    fn create_error(errno: i32) -> EbpfError {
+        EbpfError::MapError(MapError::CreateError {
+            name: "TGIDS".to_owned(),
+            io_error: std::io::Error::from_raw_os_error(errno),
+        })
+    }
+
+    #[test]
+    fn permission_is_recognised_by_errno_in_the_chain() {
+        assert!(has_errno(&create_error(libc::EPERM), libc::EPERM));
+        assert!(!has_errno(&create_error(libc::EINVAL), libc::EPERM));
+        assert!(is_permission_error(&create_error(libc::EACCES)));
+        assert!(!is_permission_error(&create_error(libc::ENOENT)));
+        let text = chain(&create_error(libc::EPERM));
+        assert!(text.contains("TGIDS"), "{text}");
+    }
 }

@@ -50,8 +50,8 @@ impl Preset {
     /// The rows of the table this preset attaches.
     pub fn select(self, defs: &[ProbeDef]) -> Vec<ProbeDef> {
         defs.iter()
-            .filter(|d| self != Preset::Minimal || MINIMAL.contains(&d.name))
-            .copied()
+            .filter(|d| self != Preset::Minimal || MINIMAL.contains(&d.name.as_ref()))
+            .cloned()
             .collect()
     }
 

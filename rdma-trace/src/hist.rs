@@ -44,6 +44,16 @@ impl Histogram {
         Self { slots }
     }
 
+    /// The histogram of `values`, as the eBPF side would fill it (for tests).
+    #[cfg(test)]
+    pub fn of_values(values: &[u64]) -> Self {
+        let mut slots = vec![0; HIST_SLOTS as usize];
+        for &v in values {
+            slots[rdma_trace_common::hist_slot(v) as usize] += 1;
+        }
+        Self { slots }
+    }
+
     /// Counts per slot (`HIST_SLOTS` of them; see `rdma_trace_common::slot_bounds`).
     pub fn slots(&self) -> &[u64] {
         &self.slots
@@ -211,16 +221,10 @@ pub fn plain(v: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use rdma_trace_common::hist_slot;
-
     use super::*;
 
     fn from_values(values: impl IntoIterator<Item = u64>) -> Histogram {
-        let mut slots = vec![0; HIST_SLOTS as usize];
-        for v in values {
-            slots[hist_slot(v) as usize] += 1;
-        }
-        Histogram::from_slots(slots)
+        Histogram::of_values(&values.into_iter().collect::<Vec<_>>())
     }
 
     #[test]

@@ -147,14 +147,23 @@ impl Kernel {
         )
     }
 
+    /// A file of tracefs (`available_events`), from the first of its usual mount points that
+    /// has it. `None` when tracefs is not mounted there (or the file is not readable).
+    fn tracefs(&self, file: &str) -> Option<String> {
+        ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .into_iter()
+            .find_map(|dir| fs::read_to_string(self.path(dir).join(file)).ok())
+    }
+
+    /// The `format` file of tracepoint `event` (`sched/sched_switch`), when tracefs is mounted.
+    pub fn event_format(&self, event: &str) -> Option<String> {
+        self.tracefs(&format!("events/{event}/format"))
+    }
+
     /// Which of `names` ftrace can trace (`available_filter_functions`; fentry needs it,
     /// `notrace` functions are missing). `None` when tracefs is not mounted.
     pub fn traceable(&self, names: &[&str]) -> Option<HashSet<String>> {
-        let text = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-            .into_iter()
-            .find_map(|dir| {
-                fs::read_to_string(self.path(dir).join("available_filter_functions")).ok()
-            })?;
+        let text = self.tracefs("available_filter_functions")?;
         let wanted: HashSet<&str> = names.iter().copied().collect();
         Some(
             text.lines()
@@ -167,17 +176,13 @@ impl Kernel {
 
     /// `category:name` of every tracepoint, when tracefs is mounted (`None` otherwise).
     pub fn available_events(&self) -> Option<HashSet<String>> {
-        ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-            .into_iter()
-            .find_map(|dir| {
-                let text = fs::read_to_string(self.path(dir).join("available_events")).ok()?;
-                Some(
-                    text.lines()
-                        .map(|l| l.trim().to_owned())
-                        .filter(|l| !l.is_empty())
-                        .collect(),
-                )
-            })
+        let text = self.tracefs("available_events")?;
+        Some(
+            text.lines()
+                .map(|l| l.trim().to_owned())
+                .filter(|l| !l.is_empty())
+                .collect(),
+        )
     }
 
     /// RDMA devices and their drivers.
@@ -255,6 +260,26 @@ pub fn find_functions_in(text: &str, names: &[&str]) -> HashMap<String, Symbol> 
             });
     }
     found
+}
+
+/// Offset of `field` in a tracepoint record, from the event's tracefs `format` text
+/// (`\tfield:pid_t next_pid;\toffset:56;\tsize:4;\tsigned:1;`). Array (`comm[16]`) and pointer
+/// (`char *name`) declarations match their bare name; `common_pid` is not `pid`.
+pub fn format_offset(format: &str, field: &str) -> Option<u32> {
+    format.lines().find_map(|line| {
+        let decl = line.trim().strip_prefix("field:")?.split(';').next()?;
+        let name = decl
+            .rsplit(|c: char| c.is_whitespace() || c == '*')
+            .next()?;
+        if name.split('[').next()? != field {
+            return None;
+        }
+        line.split(';')
+            .find_map(|part| part.trim().strip_prefix("offset:"))?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// Numbered lines of `/proc/interrupts`: `  24:  10  20  PCI-MSIX-0000:00:03.0  1-edge  mlx5_comp0@pci:...`.
@@ -361,6 +386,92 @@ mod tests {
         assert!(k.rdma_devices().is_empty());
         assert!(k.functions(&["ib_uverbs_comp_handler"]).is_empty());
         assert_eq!(k.available_events(), None, "tracefs not mounted");
+    }
+
+    /// The fields every tracepoint record starts with (6.1).
+    macro_rules! common_fields {
+        () => {
+            "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+"
+        };
+    }
+
+    const SWITCH_6_1: &str = concat!(
+        "name: sched_switch\nID: 316\nformat:\n",
+        common_fields!(),
+        "
+\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;
+\tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;
+\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;
+\tfield:long prev_state;\toffset:32;\tsize:8;\tsigned:1;
+\tfield:char next_comm[16];\toffset:40;\tsize:16;\tsigned:0;
+\tfield:pid_t next_pid;\toffset:56;\tsize:4;\tsigned:1;
+\tfield:int next_prio;\toffset:60;\tsize:4;\tsigned:1;
+"
+    );
+
+    const WAKING_6_1: &str = "name: sched_waking
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;
+\tfield:pid_t pid;\toffset:24;\tsize:4;\tsigned:1;
+\tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;
+\tfield:int target_cpu;\toffset:32;\tsize:4;\tsigned:1;
+";
+
+    const NEWTASK: &str = concat!(
+        "name: task_newtask\nID: 130\nformat:\n",
+        common_fields!(),
+        "
+\tfield:pid_t pid;\toffset:8;\tsize:4;\tsigned:1;
+\tfield:char comm[16];\toffset:12;\tsize:16;\tsigned:0;
+\tfield:unsigned long clone_flags;\toffset:32;\tsize:8;\tsigned:0;
+\tfield:short oom_score_adj;\toffset:40;\tsize:2;\tsigned:1;
+
+print fmt: \"pid=%d comm=%s clone_flags=%lx oom_score_adj=%hd\", REC->pid, REC->comm, REC->clone_flags, REC->oom_score_adj
+"
+    );
+
+    #[test]
+    fn tracepoint_offsets_from_format_files() {
+        assert_eq!(format_offset(SWITCH_6_1, "next_pid"), Some(56));
+        assert_eq!(format_offset(SWITCH_6_1, "prev_pid"), Some(24));
+        assert_eq!(format_offset(SWITCH_6_1, "next_comm"), Some(40));
+        assert_eq!(
+            format_offset(SWITCH_6_1, "pid"),
+            None,
+            "common_pid is not pid"
+        );
+        assert_eq!(format_offset(WAKING_6_1, "pid"), Some(24));
+        assert_eq!(format_offset(WAKING_6_1, "target_cpu"), Some(32));
+        assert_eq!(format_offset(NEWTASK, "pid"), Some(8));
+        assert_eq!(format_offset(NEWTASK, "clone_flags"), Some(32));
+        assert_eq!(format_offset(NEWTASK, "comm"), Some(12));
+        assert_eq!(format_offset(NEWTASK, "common_pid"), Some(4));
+        assert_eq!(format_offset(NEWTASK, "flags"), None);
+        assert_eq!(
+            format_offset("\tfield:const char * name;\toffset:16;\tsize:8;", "name"),
+            Some(16),
+            "a pointer's name"
+        );
+        assert_eq!(format_offset("garbage", "pid"), None);
+    }
+
+    #[test]
+    fn event_formats_from_either_tracefs_mount_point() {
+        let root = std::env::temp_dir().join(format!("rdma-trace-kernel-{}", std::process::id()));
+        let dir = root.join("sys/kernel/debug/tracing/events/task/task_newtask");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("format"), NEWTASK).unwrap();
+        let k = Kernel::at(&root);
+        let format = k.event_format("task/task_newtask");
+        let other = k.event_format("sched/sched_switch");
+        fs::remove_dir_all(&root).unwrap();
+        assert_eq!(format.as_deref(), Some(NEWTASK));
+        assert_eq!(other, None);
     }
 
     #[test]

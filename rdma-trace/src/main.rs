@@ -1,5 +1,6 @@
 //! rdma-trace: latency histograms of the Linux RDMA completion path, with eBPF.
 
+mod baseline;
 mod batch;
 mod bpf;
 mod budget;
@@ -22,6 +23,7 @@ mod softroce;
 mod timeline;
 mod tui;
 mod waterfall;
+mod window;
 mod workload;
 
 use std::{process::ExitCode, time::Duration};

@@ -5,6 +5,7 @@
 //! tries each planned method in order and records what worked.
 
 use std::{
+    borrow::Cow,
     collections::{HashMap, HashSet},
     fmt,
     path::PathBuf,
@@ -16,7 +17,7 @@ use rdma_trace_common::{
 
 use crate::{
     kernel::{Kernel, RdmaDevice, Symbol},
-    probes::{Driver, Method, ProbeDef, Shape, glob_match},
+    probes::{Driver, Method, Patterns, ProbeDef, Role, Shape},
 };
 
 /// What the kernel offers, as far as probe selection is concerned.
@@ -45,7 +46,9 @@ pub struct Facts {
 impl Facts {
     /// Read what `probes` need to know from `kernel`.
     pub fn gather(kernel: &Kernel, probes: &[ProbeDef]) -> Self {
-        let names: Vec<&str> = probes.iter().flat_map(|p| functions_of(&p.shape)).collect();
+        let functions: Vec<Cow<'static, str>> =
+            probes.iter().flat_map(|p| functions_of(&p.shape)).collect();
+        let names: Vec<&str> = functions.iter().map(|f| f.as_ref()).collect();
         Facts {
             release: kernel.release(),
             kprobes: kernel.has_kprobes(),
@@ -89,7 +92,7 @@ impl Facts {
     /// Why `function` (of a row in `module`, present since `since`) has no kallsyms entry.
     fn why_missing(
         &self,
-        function: &'static str,
+        function: Cow<'static, str>,
         module: Option<&'static str>,
         since: Option<(u32, u32)>,
     ) -> SkipReason {
@@ -121,10 +124,10 @@ impl Facts {
 }
 
 /// Kernel functions a shape attaches to.
-pub fn functions_of(shape: &Shape) -> Vec<&'static str> {
-    match *shape {
-        Shape::Duration { function } => vec![function],
-        Shape::Interval { from, to } => vec![from, to],
+pub fn functions_of(shape: &Shape) -> Vec<Cow<'static, str>> {
+    match shape {
+        Shape::Duration { function } => vec![function.clone()],
+        Shape::Interval { from, to } => vec![Cow::Borrowed(*from), Cow::Borrowed(*to)],
         _ => Vec::new(),
     }
 }
@@ -158,33 +161,33 @@ pub enum SkipReason {
     NoDevice(Driver),
     /// The module that holds the function is not loaded.
     ModuleNotLoaded {
-        function: &'static str,
+        function: Cow<'static, str>,
         module: &'static str,
     },
     /// The function appeared in a later kernel than this one.
     NotInVersion {
-        function: &'static str,
+        function: Cow<'static, str>,
         since: (u32, u32),
         release: String,
     },
     /// Its module is loaded and the sources of this version have it, but it has no symbol:
     /// the compiler inlined it into its caller, so there is no probe point.
     Inlined {
-        function: &'static str,
+        function: Cow<'static, str>,
         module: &'static str,
     },
     /// Not in kallsyms, and it is unknown which module should hold it.
-    NotInKallsyms { function: &'static str },
+    NotInKallsyms { function: Cow<'static, str> },
     /// On the kprobe blacklist (and no other method reaches it).
-    KprobeBlacklisted { function: &'static str },
+    KprobeBlacklisted { function: Cow<'static, str> },
     /// `notrace` (not in available_filter_functions): fentry, the only method left, refuses it.
-    Notrace { function: &'static str },
+    Notrace { function: Cow<'static, str> },
     /// No attach method this kernel offers (no kprobe PMU, no BTF).
     NoMethod(String),
     /// A tracepoint the probe needs is missing.
     NoTracepoint(String),
     /// No IRQ matches the probe's names (no such device, or not up).
-    NoIrq(&'static [&'static str]),
+    NoIrq(Patterns),
     /// Opt-in probe not asked for.
     UprobesOptIn,
     /// The shared library of a user-space probe is not installed.
@@ -269,7 +272,7 @@ impl fmt::Display for SkipReason {
             SkipReason::NoIrq(patterns) => write!(
                 f,
                 "no IRQ named {} in /proc/interrupts",
-                patterns.join(", ")
+                patterns.iter().collect::<Vec<_>>().join(", ")
             ),
             SkipReason::UprobesOptIn => write!(
                 f,
@@ -297,7 +300,7 @@ pub struct PlannedProbe {
 /// One kernel function with its program pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FunctionSlot {
-    pub function: &'static str,
+    pub function: Cow<'static, str>,
     pub methods: Vec<Method>,
     pub config: KSlot,
 }
@@ -330,6 +333,11 @@ impl Plan {
             .collect()
     }
 
+    /// The row whose count is the demo's progress ([`Role::Progress`]), when planned.
+    pub fn progress(&self) -> Option<&PlannedProbe> {
+        self.probes.iter().find(|p| p.def.role == Role::Progress)
+    }
+
     pub fn wants(&self, pred: impl Fn(&Shape) -> bool) -> bool {
         self.probes
             .iter()
@@ -358,17 +366,17 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
         }
         if let Decision::Try(methods) = &decision {
             let methods = methods.clone();
-            match def.shape {
+            match &def.shape {
                 Shape::Duration { function } => {
-                    match slot_for(&mut plan.functions, function, &methods) {
+                    match slot_for(&mut plan.functions, function.clone(), &methods) {
                         Some(slot) => plan.functions[slot].config.duration = id,
                         None => decision = Decision::Skip(SkipReason::Limit(out_of_slots())),
                     }
                 }
                 Shape::Interval { from, to } if intervals < MAX_INTERVALS => {
                     let (a, b) = (
-                        slot_for(&mut plan.functions, from, &methods),
-                        slot_for(&mut plan.functions, to, &methods),
+                        slot_for(&mut plan.functions, Cow::Borrowed(from), &methods),
+                        slot_for(&mut plan.functions, Cow::Borrowed(to), &methods),
                     );
                     match (a, b) {
                         (Some(a), Some(b)) => {
@@ -385,7 +393,7 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
                         "more than {MAX_INTERVALS} intervals in one run"
                     )))
                 }
-                Shape::Softirq { vector } => plan.softirq_probe[vector as usize] = id,
+                &Shape::Softirq { vector } => plan.softirq_probe[vector as usize] = id,
                 Shape::NapiPoll => plan.napi_probe = id,
                 Shape::Irq { .. } | Shape::UserFunction { .. } => {}
             }
@@ -395,7 +403,7 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
             _ => None,
         };
         plan.probes.push(PlannedProbe {
-            def: *def,
+            def: def.clone(),
             id,
             decision,
             irqs,
@@ -412,7 +420,7 @@ fn out_of_slots() -> String {
 /// The slot of `function`, added when new; `None` when the slots are used up.
 fn slot_for(
     slots: &mut Vec<FunctionSlot>,
-    function: &'static str,
+    function: Cow<'static, str>,
     methods: &[Method],
 ) -> Option<usize> {
     if let Some(i) = slots.iter().position(|s| s.function == function) {
@@ -437,19 +445,22 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
             d => SkipReason::NoDevice(d),
         });
     }
-    match def.shape {
+    match &def.shape {
         Shape::Duration { .. } | Shape::Interval { .. } => {
             let mut methods: Vec<Method> = def.methods.to_vec();
             let mut fact = None;
             for f in functions_of(&def.shape) {
-                let Some(sym) = facts.symbols.get(f) else {
+                let Some(sym) = facts.symbols.get(f.as_ref()) else {
                     return Decision::Skip(facts.why_missing(f, def.module, def.since));
                 };
                 let blacklisted = facts
                     .kprobe_blacklist
                     .as_ref()
-                    .is_some_and(|b| b.contains(f));
-                let notrace = facts.traceable.as_ref().is_some_and(|t| !t.contains(f));
+                    .is_some_and(|b| b.contains(f.as_ref()));
+                let notrace = facts
+                    .traceable
+                    .as_ref()
+                    .is_some_and(|t| !t.contains(f.as_ref()));
                 methods.retain(|m| match m {
                     Method::Kprobe => facts.kprobes && !blacklisted,
                     // fentry here needs vmlinux BTF; aya 0.14 cannot target module BTF.
@@ -457,9 +468,13 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
                     Method::RawTracepoint | Method::Uprobe => false,
                 });
                 if blacklisted && facts.kprobes {
-                    fact = Some(SkipReason::KprobeBlacklisted { function: f });
+                    fact = Some(SkipReason::KprobeBlacklisted {
+                        function: f.clone(),
+                    });
                 } else if notrace && facts.btf && def.methods.contains(&Method::Fentry) {
-                    fact.get_or_insert(SkipReason::Notrace { function: f });
+                    fact.get_or_insert(SkipReason::Notrace {
+                        function: f.clone(),
+                    });
                 }
             }
             if methods.is_empty() {
@@ -472,7 +487,7 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
                 } else if !def.methods.contains(&Method::Fentry)
                     || functions_of(&def.shape)
                         .iter()
-                        .any(|f| facts.symbols[*f].module.is_some())
+                        .any(|f| facts.symbols[f.as_ref()].module.is_some())
                 {
                     why.push_str("; fentry cannot reach module functions");
                 }
@@ -480,7 +495,7 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
             }
             Decision::Try(methods)
         }
-        Shape::Softirq { vector } => {
+        &Shape::Softirq { vector } => {
             tracepoint(facts, def, &["irq:softirq_entry", "irq:softirq_exit"]).unwrap_or_else(
                 || {
                     debug_assert!(SOFTIRQ_NAMES.get(vector as usize).is_some());
@@ -493,7 +508,7 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
         Shape::UserFunction { library, .. } => {
             if !opts.uprobes {
                 Decision::Skip(SkipReason::UprobesOptIn)
-            } else if !facts.libraries.contains_key(library) {
+            } else if !facts.libraries.contains_key(*library) {
                 Decision::Skip(SkipReason::NoLibrary(library))
             } else {
                 Decision::Try(vec![Method::Uprobe])
@@ -511,12 +526,12 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
                 facts
                     .irqs
                     .iter()
-                    .filter(|(_, name)| patterns.iter().any(|p| glob_match(p, name)))
+                    .filter(|(_, name)| patterns.matches(name))
                     .map(|&(n, _)| n)
                     .take(rdma_trace_common::MAX_IRQS as usize),
             );
             if irqs.is_empty() {
-                return Decision::Skip(SkipReason::NoIrq(patterns));
+                return Decision::Skip(SkipReason::NoIrq(patterns.clone()));
             }
             Decision::Try(vec![Method::RawTracepoint])
         }
@@ -622,7 +637,7 @@ mod tests {
         assert_eq!(p.softirq_probe[0], NO_PROBE);
         assert_eq!(p.napi_probe, id("napi_poll packets"));
         // Every function appears once.
-        let names: HashSet<_> = p.functions.iter().map(|f| f.function).collect();
+        let names: HashSet<_> = p.functions.iter().map(|f| &f.function).collect();
         assert_eq!(names.len(), p.functions.len());
     }
 

@@ -5,6 +5,8 @@
 //! what the running kernel offers and says why a row is skipped. Adding a probe = adding a row
 //! (and an eBPF mechanism only for a new shape).
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 
 /// Which completion path a probe belongs to; rows of absent drivers are skipped.
@@ -58,11 +60,12 @@ impl Driver {
     }
 }
 
-/// What a probe measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a probe measures. The table's rows hold borrowed names; rows built at run time
+/// (`funclat`'s functions, `irq`'s IRQ names) own theirs.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Shape {
     /// Entry → return of a kernel function (ns), per call.
-    Duration { function: &'static str },
+    Duration { function: Cow<'static, str> },
     /// From the entry of `from` to the return of `to` (ns), e.g. wake-up latency.
     Interval {
         from: &'static str,
@@ -72,7 +75,7 @@ pub enum Shape {
     Softirq { vector: u32 },
     /// Hard IRQ handlers whose /proc/interrupts name matches one of `patterns` (`*` = any
     /// text), entry → exit (ns).
-    Irq { patterns: &'static [&'static str] },
+    Irq { patterns: Patterns },
     /// NAPI polls: count, and packets handled per poll.
     NapiPoll,
     /// Entry → return of a function in a shared library, in the watched processes (ns).
@@ -80,6 +83,41 @@ pub enum Shape {
         library: &'static str,
         symbol: &'static str,
     },
+}
+
+/// The /proc/interrupts name patterns of an IRQ row: the table's, or names found at run time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Patterns {
+    Table(&'static [&'static str]),
+    Owned(Vec<String>),
+}
+
+impl Patterns {
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        let (table, owned) = match self {
+            Patterns::Table(t) => (*t, &[][..]),
+            Patterns::Owned(o) => (&[][..], o.as_slice()),
+        };
+        table
+            .iter()
+            .copied()
+            .chain(owned.iter().map(String::as_str))
+    }
+
+    /// Whether IRQ name `name` matches one of the patterns.
+    pub fn matches(&self, name: &str) -> bool {
+        self.iter().any(|p| glob_match(p, name))
+    }
+}
+
+/// What a row is for, besides its own histogram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A stage of the completion path (or of the network and interrupts under it).
+    Stage,
+    /// A stage whose count is also the demo's progress: rxe posts a fixed number of
+    /// completions per round trip.
+    Progress,
 }
 
 /// How a probe point can be attached.
@@ -116,10 +154,10 @@ pub enum Unit {
 }
 
 /// One row of the table.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ProbeDef {
     /// The name users read in reports.
-    pub name: &'static str,
+    pub name: Cow<'static, str>,
     /// What it measures, one line.
     pub what: &'static str,
     pub driver: Driver,
@@ -134,6 +172,7 @@ pub struct ProbeDef {
     /// The first kernel release (major, minor) whose sources have the row's functions, where
     /// older kernels the tool supports lack them.
     pub since: Option<(u32, u32)>,
+    pub role: Role,
 }
 
 impl ProbeDef {
@@ -153,19 +192,20 @@ const TRACEPOINT: &[Method] = &[Method::RawTracepoint];
 pub const PROBES: &[ProbeDef] = &[
     // ---- generic: ib_uverbs delivers completion events to user space
     ProbeDef {
-        name: "ib_uverbs_comp_handler",
+        name: Cow::Borrowed("ib_uverbs_comp_handler"),
         what: "a CQ with a completion channel got a completion: queue the event, wake the waiter (event mode)",
         driver: Driver::Generic,
         shape: Shape::Duration {
-            function: "ib_uverbs_comp_handler",
+            function: Cow::Borrowed("ib_uverbs_comp_handler"),
         },
         methods: MODULE_FUNC,
         zero_note: Some("polling mode takes no completion events: expected 0"),
         module: Some("ib_uverbs"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "ibv_get_cq_event",
+        name: Cow::Borrowed("ibv_get_cq_event"),
         what: "the demo blocked in ibv_get_cq_event until a completion event arrived (uprobe, opt-in)",
         driver: Driver::Generic,
         shape: Shape::UserFunction {
@@ -176,9 +216,10 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("polling mode never waits on the completion channel"),
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "wakeup",
+        name: Cow::Borrowed("wakeup"),
         what: "completion event queued (ib_uverbs_comp_handler) → the waiting thread's read of it returns",
         driver: Driver::Generic,
         shape: Shape::Interval {
@@ -189,64 +230,69 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("nobody blocked on a completion channel (polling mode)"),
         module: Some("ib_uverbs"),
         since: None,
+        role: Role::Stage,
     },
     // ---- mlx5 (mlx5_core + mlx5_ib, 6.1 and 6.12): IRQ mlx5_comp<N> → irq_int_handler →
     // mlx5_eq_comp_int (EQ) → user CQs: mlx5_add_cq_to_tasklet, then the tasklet
     // mlx5_cq_tasklet_cb → mlx5_ib_cq_comp → comp_handler (kernel CQs: mlx5_ib_cq_comp directly).
     ProbeDef {
-        name: "irq mlx5_comp",
+        name: Cow::Borrowed("irq mlx5_comp"),
         what: "hard IRQ handlers of mlx5 completion vectors (mlx5_comp<N>@pci:<bdf>; SFs: mlx5_sf_comp<N>; one-vector devices: mlx5_combined0)",
         driver: Driver::Mlx5,
         shape: Shape::Irq {
-            patterns: &["mlx5_comp*", "mlx5_sf_comp*", "mlx5_combined*"],
+            patterns: Patterns::Table(&["mlx5_comp*", "mlx5_sf_comp*", "mlx5_combined*"]),
         },
         methods: TRACEPOINT,
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "mlx5_eq_comp_int",
+        name: Cow::Borrowed("mlx5_eq_comp_int"),
         what: "mlx5 completion EQ handler (hard IRQ): walks the EQ, hands each CQ to its callback",
         driver: Driver::Mlx5,
         shape: Shape::Duration {
-            function: "mlx5_eq_comp_int",
+            function: Cow::Borrowed("mlx5_eq_comp_int"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("mlx5_core"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "mlx5_cq_tasklet_cb",
+        name: Cow::Borrowed("mlx5_cq_tasklet_cb"),
         what: "mlx5 completion tasklet: runs the completion callbacks of user CQs the EQ queued",
         driver: Driver::Mlx5,
         shape: Shape::Duration {
-            function: "mlx5_cq_tasklet_cb",
+            function: Cow::Borrowed("mlx5_cq_tasklet_cb"),
         },
         methods: MODULE_FUNC,
         zero_note: Some("only armed user CQs (event mode) go through the tasklet"),
         module: Some("mlx5_core"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "mlx5_ib_cq_comp",
+        name: Cow::Borrowed("mlx5_ib_cq_comp"),
         what: "mlx5_ib calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
         driver: Driver::Mlx5,
         shape: Shape::Duration {
-            function: "mlx5_ib_cq_comp",
+            function: Cow::Borrowed("mlx5_ib_cq_comp"),
         },
         methods: MODULE_FUNC,
         zero_note: Some("only armed CQs (event mode) get completion callbacks"),
         module: Some("mlx5_ib"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "mlx5_ib_poll_cq",
+        name: Cow::Borrowed("mlx5_ib_poll_cq"),
         what: "kernel-side CQ polling (kernel consumers such as __ib_process_cq)",
         driver: Driver::Mlx5,
         shape: Shape::Duration {
-            function: "mlx5_ib_poll_cq",
+            function: Cow::Borrowed("mlx5_ib_poll_cq"),
         },
         methods: MODULE_FUNC,
         zero_note: Some(
@@ -254,28 +300,30 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("mlx5_ib"),
         since: None,
+        role: Role::Stage,
     },
     // ---- irdma (6.1 and 6.12): IRQ (6.1 "CEQ"/"AEQCEQ", 6.12 irdma-<bdf>-CEQ-<n>) →
     // irdma_ceq_handler → tasklet irdma_ceq_dpc → irdma_process_ceq → irdma_iwarp_ce_handler →
     // comp_handler. Vector 0 may be shared with the AEQ: irdma_irq_handler → irdma_dpc.
     ProbeDef {
-        name: "irq irdma_ceq",
+        name: Cow::Borrowed("irq irdma_ceq"),
         what: "hard IRQ handlers of irdma completion event queues (CEQ vectors)",
         driver: Driver::Irdma,
         shape: Shape::Irq {
-            patterns: &["irdma-*-CEQ-*", "irdma-*-AEQCEQ-*", "CEQ", "AEQCEQ"],
+            patterns: Patterns::Table(&["irdma-*-CEQ-*", "irdma-*-AEQCEQ-*", "CEQ", "AEQCEQ"]),
         },
         methods: TRACEPOINT,
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "irdma_ceq_handler",
+        name: Cow::Borrowed("irdma_ceq_handler"),
         what: "irdma CEQ interrupt handler (hard IRQ): schedules the CEQ tasklet",
         driver: Driver::Irdma,
         shape: Shape::Duration {
-            function: "irdma_ceq_handler",
+            function: Cow::Borrowed("irdma_ceq_handler"),
         },
         methods: MODULE_FUNC,
         zero_note: Some(
@@ -283,49 +331,53 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("irdma"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "irdma_ceq_dpc",
+        name: Cow::Borrowed("irdma_ceq_dpc"),
         what: "irdma CEQ tasklet: processes one completion event queue",
         driver: Driver::Irdma,
         shape: Shape::Duration {
-            function: "irdma_ceq_dpc",
+            function: Cow::Borrowed("irdma_ceq_dpc"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("irdma"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "irdma_process_ceq",
+        name: Cow::Borrowed("irdma_process_ceq"),
         what: "irdma walks a CEQ: one CQ per event, whose comp_handler it calls",
         driver: Driver::Irdma,
         shape: Shape::Duration {
-            function: "irdma_process_ceq",
+            function: Cow::Borrowed("irdma_process_ceq"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("irdma"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "irdma_iwarp_ce_handler",
+        name: Cow::Borrowed("irdma_iwarp_ce_handler"),
         what: "irdma calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
         driver: Driver::Irdma,
         shape: Shape::Duration {
-            function: "irdma_iwarp_ce_handler",
+            function: Cow::Borrowed("irdma_iwarp_ce_handler"),
         },
         methods: MODULE_FUNC,
         zero_note: Some("only armed CQs (event mode) get completion callbacks"),
         module: Some("irdma"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "irdma_poll_cq",
+        name: Cow::Borrowed("irdma_poll_cq"),
         what: "kernel-side polling of an irdma CQ (kernel consumers only)",
         driver: Driver::Irdma,
         shape: Shape::Duration {
-            function: "irdma_poll_cq",
+            function: Cow::Borrowed("irdma_poll_cq"),
         },
         methods: MODULE_FUNC,
         zero_note: Some(
@@ -333,63 +385,68 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("irdma"),
         since: None,
+        role: Role::Stage,
     },
     // ---- bnxt_re (6.12; Debian's 6.1 does not build it): IRQ bnxt_re-nq-<n>@pci:<bdf> →
     // bnxt_qplib_nq_irq → tasklet bnxt_qplib_service_nq → bnxt_re_cqn_handler → comp_handler.
     ProbeDef {
-        name: "irq bnxt_re_nq",
+        name: Cow::Borrowed("irq bnxt_re_nq"),
         what: "hard IRQ handlers of bnxt_re notification queues (bnxt_re-nq-<n>@pci:<bdf>)",
         driver: Driver::BnxtRe,
         shape: Shape::Irq {
-            patterns: &["bnxt_re-nq-*"],
+            patterns: Patterns::Table(&["bnxt_re-nq-*"]),
         },
         methods: TRACEPOINT,
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "bnxt_qplib_nq_irq",
+        name: Cow::Borrowed("bnxt_qplib_nq_irq"),
         what: "bnxt_re notification queue interrupt handler (hard IRQ): schedules the NQ tasklet",
         driver: Driver::BnxtRe,
         shape: Shape::Duration {
-            function: "bnxt_qplib_nq_irq",
+            function: Cow::Borrowed("bnxt_qplib_nq_irq"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("bnxt_re"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "bnxt_qplib_service_nq",
+        name: Cow::Borrowed("bnxt_qplib_service_nq"),
         what: "bnxt_re NQ tasklet: walks the notification queue, one CQ per CQ notification",
         driver: Driver::BnxtRe,
         shape: Shape::Duration {
-            function: "bnxt_qplib_service_nq",
+            function: Cow::Borrowed("bnxt_qplib_service_nq"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("bnxt_re"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "bnxt_re_cqn_handler",
+        name: Cow::Borrowed("bnxt_re_cqn_handler"),
         what: "bnxt_re calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
         driver: Driver::BnxtRe,
         shape: Shape::Duration {
-            function: "bnxt_re_cqn_handler",
+            function: Cow::Borrowed("bnxt_re_cqn_handler"),
         },
         methods: MODULE_FUNC,
         zero_note: Some("only armed CQs (event mode) get completion callbacks"),
         module: Some("bnxt_re"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "bnxt_re_poll_cq",
+        name: Cow::Borrowed("bnxt_re_poll_cq"),
         what: "kernel-side polling of a bnxt_re CQ (kernel consumers only)",
         driver: Driver::BnxtRe,
         shape: Shape::Duration {
-            function: "bnxt_re_poll_cq",
+            function: Cow::Borrowed("bnxt_re_poll_cq"),
         },
         methods: MODULE_FUNC,
         zero_note: Some(
@@ -397,63 +454,68 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("bnxt_re"),
         since: None,
+        role: Role::Stage,
     },
     // ---- mana_ib (6.12): IRQ mana_q<n>@pci:<bdf> (shared with the Ethernet queues) →
     // mana_gd_intr → mana_gd_process_eq_events (EQ) → mana_ib_cq_handler → comp_handler.
     ProbeDef {
-        name: "irq mana_q",
+        name: Cow::Borrowed("irq mana_q"),
         what: "hard IRQ handlers of MANA queue vectors (mana_q<n>@pci:<bdf>; shared with Ethernet)",
         driver: Driver::Mana,
         shape: Shape::Irq {
-            patterns: &["mana_q*"],
+            patterns: Patterns::Table(&["mana_q*"]),
         },
         methods: TRACEPOINT,
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "mana_gd_intr",
+        name: Cow::Borrowed("mana_gd_intr"),
         what: "MANA interrupt handler (hard IRQ): runs the handler of every EQ on the vector",
         driver: Driver::Mana,
         shape: Shape::Duration {
-            function: "mana_gd_intr",
+            function: Cow::Borrowed("mana_gd_intr"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("mana"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "mana_gd_process_eq_events",
+        name: Cow::Borrowed("mana_gd_process_eq_events"),
         what: "MANA EQ handler: walks the EQ, calls each completed CQ's callback",
         driver: Driver::Mana,
         shape: Shape::Duration {
-            function: "mana_gd_process_eq_events",
+            function: Cow::Borrowed("mana_gd_process_eq_events"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("mana"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "mana_ib_cq_handler",
+        name: Cow::Borrowed("mana_ib_cq_handler"),
         what: "mana_ib calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
         driver: Driver::Mana,
         shape: Shape::Duration {
-            function: "mana_ib_cq_handler",
+            function: Cow::Borrowed("mana_ib_cq_handler"),
         },
         methods: MODULE_FUNC,
         zero_note: Some("only armed CQs (event mode) get completion callbacks"),
         module: Some("mana_ib"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "mana_ib_poll_cq",
+        name: Cow::Borrowed("mana_ib_poll_cq"),
         what: "kernel-side polling of a mana_ib CQ (kernel consumers only)",
         driver: Driver::Mana,
         shape: Shape::Duration {
-            function: "mana_ib_poll_cq",
+            function: Cow::Borrowed("mana_ib_poll_cq"),
         },
         methods: MODULE_FUNC,
         zero_note: Some(
@@ -461,86 +523,93 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("mana_ib"),
         since: Some((6, 15)),
+        role: Role::Stage,
     },
     // ---- rxe: packets arrive through the network stack; responder/completer post CQEs
     ProbeDef {
-        name: "rxe_udp_encap_recv",
+        name: Cow::Borrowed("rxe_udp_encap_recv"),
         what: "a RoCE v2 UDP packet reaches rxe from the IP stack",
         driver: Driver::Rxe,
         shape: Shape::Duration {
-            function: "rxe_udp_encap_recv",
+            function: Cow::Borrowed("rxe_udp_encap_recv"),
         },
         methods: MODULE_FUNC,
         zero_note: Some("traffic inside one rxe device loops back without the IP stack"),
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "rxe_rcv",
+        name: Cow::Borrowed("rxe_rcv"),
         what: "rxe validates a received packet and hands it to the responder or completer",
         driver: Driver::Rxe,
         shape: Shape::Duration {
-            function: "rxe_rcv",
+            function: Cow::Borrowed("rxe_rcv"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "rxe_requester",
+        name: Cow::Borrowed("rxe_requester"),
         what: "rxe requester task: turns send WQEs into packets",
         driver: Driver::Rxe,
         shape: Shape::Duration {
-            function: "rxe_requester",
+            function: Cow::Borrowed("rxe_requester"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "rxe_responder",
+        name: Cow::Borrowed("rxe_responder"),
         what: "rxe responder task: executes incoming requests (RECV, WRITE, READ, atomics)",
         driver: Driver::Rxe,
         shape: Shape::Duration {
-            function: "rxe_responder",
+            function: Cow::Borrowed("rxe_responder"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "rxe_completer",
+        name: Cow::Borrowed("rxe_completer"),
         what: "rxe completer task: retires acknowledged send WQEs",
         driver: Driver::Rxe,
         shape: Shape::Duration {
-            function: "rxe_completer",
+            function: Cow::Borrowed("rxe_completer"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "rxe_cq_post",
+        name: Cow::Borrowed("rxe_cq_post"),
         what: "rxe writes a completion into a CQ (and notifies, when armed)",
         driver: Driver::Rxe,
         shape: Shape::Duration {
-            function: "rxe_cq_post",
+            function: Cow::Borrowed("rxe_cq_post"),
         },
         methods: MODULE_FUNC,
         zero_note: None,
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Progress,
     },
     ProbeDef {
-        name: "rxe_poll_cq",
+        name: Cow::Borrowed("rxe_poll_cq"),
         what: "kernel-side polling of an rxe CQ (kernel consumers only)",
         driver: Driver::Rxe,
         shape: Shape::Duration {
-            function: "rxe_poll_cq",
+            function: Cow::Borrowed("rxe_poll_cq"),
         },
         methods: MODULE_FUNC,
         zero_note: Some(
@@ -548,22 +617,24 @@ pub const PROBES: &[ProbeDef] = &[
         ),
         module: Some("rdma_rxe"),
         since: None,
+        role: Role::Stage,
     },
     // ---- network and interrupts
     ProbeDef {
-        name: "__napi_poll",
+        name: Cow::Borrowed("__napi_poll"),
         what: "one NAPI poll of a device or the backlog",
         driver: Driver::Network,
         shape: Shape::Duration {
-            function: "__napi_poll",
+            function: Cow::Borrowed("__napi_poll"),
         },
         methods: FUNC,
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "napi_poll packets",
+        name: Cow::Borrowed("napi_poll packets"),
         what: "packets handled per NAPI poll (napi:napi_poll work; budget is usually 64)",
         driver: Driver::Network,
         shape: Shape::NapiPoll,
@@ -571,9 +642,10 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "softirq NET_RX",
+        name: Cow::Borrowed("softirq NET_RX"),
         what: "NET_RX softirq runs (receive processing, NAPI polls)",
         driver: Driver::Network,
         shape: Shape::Softirq { vector: 3 },
@@ -581,9 +653,10 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "softirq TASKLET",
+        name: Cow::Borrowed("softirq TASKLET"),
         what: "TASKLET softirq runs (mlx5 completion tasklets, rxe on 6.1)",
         driver: Driver::Network,
         shape: Shape::Softirq { vector: 6 },
@@ -591,18 +664,20 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
     ProbeDef {
-        name: "irq nic",
+        name: Cow::Borrowed("irq nic"),
         what: "hard IRQ handlers of NIC queues (virtio input, mlx5 async/ctrl)",
         driver: Driver::Network,
         shape: Shape::Irq {
-            patterns: &["virtio*-input*", "mlx5_async*", "eth*", "ens*", "enp*"],
+            patterns: Patterns::Table(&["virtio*-input*", "mlx5_async*", "eth*", "ens*", "enp*"]),
         },
         methods: TRACEPOINT,
         zero_note: None,
         module: None,
         since: None,
+        role: Role::Stage,
     },
 ];
 
@@ -656,6 +731,16 @@ mod tests {
             assert_eq!(Driver::from_name(d.name()), Some(d));
         }
         assert_eq!(Driver::from_name("mlx4"), None);
+    }
+
+    #[test]
+    fn one_row_counts_progress() {
+        let progress: Vec<&str> = PROBES
+            .iter()
+            .filter(|p| p.role == Role::Progress)
+            .map(|p| p.name.as_ref())
+            .collect();
+        assert_eq!(progress, ["rxe_cq_post"]);
     }
 
     #[test]

@@ -48,6 +48,7 @@ mod tests {
         ("wf_handler_entry", "waterfall"),
         ("wf_handler_return", "waterfall"),
         ("wf_mlx5_cq_comp", "waterfall"),
+        ("wf_mlx5_irq", "waterfall"),
         ("wf_queue_init", "waterfall"),
         ("wf_read_entry", "waterfall"),
         ("wf_read_return", "waterfall"),

@@ -1,6 +1,6 @@
 //! Per-probe results: what the text report and the JSON carry.
 
-use std::collections::HashMap;
+use std::{borrow::Cow, collections::HashMap};
 
 use serde::Serialize;
 
@@ -13,7 +13,7 @@ use crate::{
 
 #[derive(Debug, Serialize)]
 pub struct ProbeReport {
-    pub name: &'static str,
+    pub name: Cow<'static, str>,
     pub what: &'static str,
     pub driver: Driver,
     pub unit: Unit,
@@ -49,7 +49,7 @@ pub fn probe_reports(
             let d = data.get(&p.id).cloned().unwrap_or_default();
             let count = d.counters[rdma_trace_common::C_EVENTS as usize];
             ProbeReport {
-                name: p.def.name,
+                name: p.def.name.clone(),
                 what: p.def.what,
                 driver: p.def.driver,
                 unit: p.def.unit(),
@@ -58,7 +58,7 @@ pub fn probe_reports(
                     Outcome::Skipped(_) => None,
                 },
                 skipped: match o {
-                    Outcome::Skipped(why) => Some(why.clone()),
+                    Outcome::Skipped(why) => Some(why.to_string()),
                     Outcome::Attached(_) => None,
                 },
                 count,

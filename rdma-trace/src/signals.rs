@@ -2,11 +2,11 @@
 //!
 //! [`install`] runs first thing in `main`, before any device, probe or child exists. From then on
 //! SIGINT, SIGTERM and SIGHUP no longer kill the process: the first one is recorded (a flag set
-//! by an async-signal-safe handler) and every loop learns about it, through [`stopped`] (async)
-//! or [`check`] (between blocking steps such as attaching probes). A signal that arrives while no
-//! loop waits is kept, never lost: the state is sticky, unlike a `ctrl_c()` future created anew
-//! on each pass of a loop. Unwinding then drops the probes, the children and the temporary
-//! device.
+//! by an async-signal-safe handler) and every loop learns about it, through [`stopped`] (async,
+//! awaited by the one sampling loop, `crate::window::Waiter`) or [`check`] (between blocking
+//! steps such as attaching probes). A signal that arrives while no loop waits is kept, never
+//! lost: the state is sticky, unlike a `ctrl_c()` future created anew on each pass of a loop.
+//! Unwinding then drops the probes, the children and the temporary device.
 //!
 //! A SIGKILL cannot be caught: for it, children get a parent-death signal
 //! ([`die_with_parent`]) and the temporary device a lock file (`softroce`).
@@ -57,8 +57,24 @@ impl Stop {
 
     /// The shell's convention: 128 + the signal number.
     pub fn exit_code(self) -> u8 {
-        u8::try_from(128 + self.0).unwrap_or(1)
+        u8::try_from(signal_status(self.0)).unwrap_or(1)
     }
+}
+
+/// The status a shell gives a process ended by signal `sig`: 128 + `sig`. Both rdma-trace's own
+/// exit status after a stop signal and a traced command's status count this way.
+pub const fn signal_status(sig: i32) -> i32 {
+    SIGNAL_STATUS_BASE + sig
+}
+
+/// Statuses above this one stand for a signal ([`signal_status`]).
+pub const SIGNAL_STATUS_BASE: i32 = 128;
+
+/// A child's exit status as a number: its exit code, or [`signal_status`] when a signal ended it.
+pub fn exit_status_code(s: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt as _;
+    s.code()
+        .unwrap_or_else(|| signal_status(s.signal().unwrap_or(0)))
 }
 
 /// The process was stopped by a signal: unwind, cleaning up, and exit with 128 + signal.
@@ -270,7 +286,7 @@ mod tests {
                 .expect("the live view missed the signal")
                 .unwrap();
             assert_eq!(w.ended_by, "terminated");
-            let w = tokio::time::timeout(limit, crate::cmd::wait_window(None, None))
+            let w = tokio::time::timeout(limit, crate::window::wait_window(None, None))
                 .await
                 .expect("the second loop missed the signal")
                 .unwrap();
@@ -297,7 +313,7 @@ mod tests {
             });
             let w = tokio::time::timeout(
                 Duration::from_secs(5),
-                crate::cmd::wait_window(Some(Duration::from_secs(60)), None),
+                crate::window::wait_window(Some(Duration::from_secs(60)), None),
             )
             .await
             .expect("the loop missed the signal")

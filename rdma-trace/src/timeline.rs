@@ -16,6 +16,7 @@
 //! run queue, on CPU → read returns; or already awake) nested in it.
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, HashMap, HashSet},
     fs::File,
     io::Write as _,
@@ -79,7 +80,7 @@ pub fn create_file(path: &Path) -> Result<File> {
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Function name of each kernel-function slot.
-    pub functions: Vec<&'static str>,
+    pub functions: Vec<Cow<'static, str>>,
     /// Completions kept: the first `sample`, and the slowest `sample` per stage.
     pub sample: usize,
     /// Upper bound on the events of the file (a slice is 4: begin and end, on its CPU's track
@@ -90,7 +91,7 @@ pub struct Config {
 impl Config {
     pub fn new(plan: &Plan, sample: u32, max_events: u32) -> Self {
         Self {
-            functions: plan.functions.iter().map(|f| f.function).collect(),
+            functions: plan.functions.iter().map(|f| f.function.clone()).collect(),
             sample: sample as usize,
             max_events: max_events as usize,
         }
@@ -388,7 +389,7 @@ impl Collector {
                 .cfg
                 .functions
                 .get(slot as usize)
-                .map_or_else(|| format!("function {slot}"), |f| (*f).to_owned()),
+                .map_or_else(|| format!("function {slot}"), |f| f.to_string()),
             What::Softirq(v) => format!(
                 "softirq {}",
                 SOFTIRQ_NAMES.get(v as usize).copied().unwrap_or("?")
@@ -737,7 +738,9 @@ mod tests {
 
     fn collector(sample: usize, max_events: usize) -> Collector {
         Collector::new(Config {
-            functions: vec!["rxe_rcv", "ib_uverbs_comp_handler", "rxe_cq_post"],
+            functions: ["rxe_rcv", "ib_uverbs_comp_handler", "rxe_cq_post"]
+                .map(Cow::Borrowed)
+                .to_vec(),
             sample,
             max_events,
         })

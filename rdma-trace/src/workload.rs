@@ -20,6 +20,7 @@ use serde::Serialize;
 use crate::{
     bpf::{Bpf, chain},
     error::Unsupported,
+    kernel::{Kernel, format_offset},
 };
 
 /// Load-time configuration of the workload and timeline programs (globals of the eBPF object).
@@ -96,13 +97,10 @@ pub enum Target {
     All,
 }
 
-const TRACEFS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
-
 /// Offsets of `pid` and `clone_flags` in the `task:task_newtask` record.
 fn newtask_offsets() -> Result<(u32, u32)> {
-    let text = TRACEFS
-        .iter()
-        .find_map(|d| std::fs::read_to_string(format!("{d}/events/task/task_newtask/format")).ok())
+    let text = Kernel::live()
+        .event_format("task/task_newtask")
         .ok_or_else(|| {
             anyhow!(Unsupported(
                 "the tracepoint task:task_newtask is not readable (mount tracefs: mount -t tracefs \
@@ -114,23 +112,6 @@ fn newtask_offsets() -> Result<(u32, u32)> {
     let flags =
         format_offset(&text, "clone_flags").context("task_newtask format: no clone_flags field")?;
     Ok((pid, flags))
-}
-
-/// Offset of field `name` in a tracefs event `format` file.
-pub fn format_offset(format: &str, name: &str) -> Option<u32> {
-    format.lines().find_map(|l| {
-        let decl = l.trim().strip_prefix("field:")?.split(';').next()?;
-        let field = decl.rsplit([' ', '*']).next()?;
-        let field = field.split('[').next()?;
-        if field != name {
-            return None;
-        }
-        l.split(';')
-            .find_map(|part| part.trim().strip_prefix("offset:"))?
-            .trim()
-            .parse()
-            .ok()
-    })
 }
 
 /// Attach the programs that follow the traced processes (forks and execs).
@@ -383,31 +364,6 @@ pub fn read_processes(ebpf: &Ebpf) -> Result<BTreeMap<u32, ProcessCounts>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const NEWTASK: &str = "name: task_newtask
-ID: 130
-format:
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
-\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
-\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
-\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
-
-\tfield:pid_t pid;\toffset:8;\tsize:4;\tsigned:1;
-\tfield:char comm[16];\toffset:12;\tsize:16;\tsigned:0;
-\tfield:unsigned long clone_flags;\toffset:32;\tsize:8;\tsigned:0;
-\tfield:short oom_score_adj;\toffset:40;\tsize:2;\tsigned:1;
-
-print fmt: \"pid=%d comm=%s clone_flags=%lx oom_score_adj=%hd\", REC->pid, REC->comm, REC->clone_flags, REC->oom_score_adj
-";
-
-    #[test]
-    fn offsets_come_from_the_format_file() {
-        assert_eq!(format_offset(NEWTASK, "pid"), Some(8));
-        assert_eq!(format_offset(NEWTASK, "clone_flags"), Some(32));
-        assert_eq!(format_offset(NEWTASK, "comm"), Some(12));
-        assert_eq!(format_offset(NEWTASK, "common_pid"), Some(4));
-        assert_eq!(format_offset(NEWTASK, "flags"), None);
-    }
 
     #[test]
     fn missing_commands_are_named() {

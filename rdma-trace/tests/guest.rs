@@ -4,12 +4,18 @@
 //! it in the 6.1 and 6.12 guests.
 
 use std::{
+    io::Read as _,
     path::PathBuf,
-    process::{Child, Command, ExitStatus, Stdio},
+    process::{Child, Command, ExitStatus, Output, Stdio},
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
+
+use harness::{
+    KillOnDrop, demo_cq_events, loopback_pingpong, probe, rdma_trace, run_json, run_json_with,
+    signal, stderr_until,
+};
 
 const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
 
@@ -19,6 +25,8 @@ mod guest_drivers;
 mod guest_ebpf_log;
 #[path = "guest/hardening.rs"]
 mod hardening;
+#[path = "guest/harness.rs"]
+mod harness;
 #[path = "guest/workload.rs"]
 mod workload;
 
@@ -41,14 +49,21 @@ fn roce_v2_gid_index(dev: &str, ip: [u8; 4]) -> u32 {
 }
 
 fn wait_timeout(child: &mut Child, limit: Duration) -> ExitStatus {
+    try_wait_timeout(child, limit).unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("process did not finish within {limit:?}")
+    })
+}
+
+/// The child's status, or `None` when it is still running after `limit`.
+fn try_wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
+            return Some(status);
         }
         if start.elapsed() > limit {
-            let _ = child.kill();
-            panic!("process did not finish within {limit:?}");
+            return None;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -125,37 +140,37 @@ fn pingpong_under_funclat(event: bool, port: u16, iters: u32) -> Value {
     let port_s = port.to_string();
     let iters_s = iters.to_string();
     let mode: &[&str] = if event { &["-e"] } else { &[] };
-    let mut server = Command::new("ibv_rc_pingpong")
-        .args(["-d", "rxe1", "-g", &g1, "-n", &iters_s, "-p", &port_s])
-        .args(mode)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start ibv_rc_pingpong server");
+    let mut server = KillOnDrop::spawn(
+        Command::new("ibv_rc_pingpong")
+            .args(["-d", "rxe1", "-g", &g1, "-n", &iters_s, "-p", &port_s])
+            .args(mode)
+            .stdout(Stdio::null()),
+    );
     wait_listening(port);
     let json = temp_json(&format!("funclat-{port}"));
-    let mut tracer = Command::new(RDMA_TRACE)
-        .args([
-            "funclat",
-            "ib_uverbs_comp_handler",
-            "--json",
-            json.to_str().unwrap(),
-            "--",
-        ])
-        .args([
-            "ibv_rc_pingpong",
-            "-d",
-            "rxe0",
-            "-g",
-            &g0,
-            "-n",
-            &iters_s,
-            "-p",
-            &port_s,
-        ])
-        .args(mode)
-        .arg("127.0.0.1")
-        .spawn()
-        .expect("start rdma-trace");
+    let mut tracer = KillOnDrop::spawn(
+        Command::new(RDMA_TRACE)
+            .args([
+                "funclat",
+                "ib_uverbs_comp_handler",
+                "--json",
+                json.to_str().unwrap(),
+                "--",
+            ])
+            .args([
+                "ibv_rc_pingpong",
+                "-d",
+                "rxe0",
+                "-g",
+                &g0,
+                "-n",
+                &iters_s,
+                "-p",
+                &port_s,
+            ])
+            .args(mode)
+            .arg("127.0.0.1"),
+    );
     let traced = wait_timeout(&mut tracer, Duration::from_secs(120));
     let served = wait_timeout(&mut server, Duration::from_secs(30));
     assert!(
@@ -212,15 +227,6 @@ fn funclat_poll_mode_never_calls_ib_uverbs_comp_handler() {
     );
 }
 
-fn probe<'a>(phase: &'a Value, name: &str) -> &'a Value {
-    phase["probes"]
-        .as_array()
-        .expect("probes")
-        .iter()
-        .find(|p| p["name"] == name)
-        .unwrap_or_else(|| panic!("no probe {name} in {phase}"))
-}
-
 fn count(phase: &Value, name: &str) -> u64 {
     let p = probe(phase, name);
     assert!(p["attach"].is_string(), "{name} not attached: {p}");
@@ -230,27 +236,19 @@ fn count(phase: &Value, name: &str) -> u64 {
 #[test]
 fn run_both_modes_between_rxe0_and_rxe1() {
     let iters = 200u64;
-    let json = temp_json("run-both");
-    let out = Command::new(RDMA_TRACE)
-        .args([
+    let run = run_json(
+        &[
             "run",
             "--mode",
             "both",
             "--no-tui",
             "-i",
             &iters.to_string(),
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("run rdma-trace run");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "rdma-trace run failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        "run-both",
     );
-    let report = read_json(&json);
+    run.assert_success("rdma-trace run");
+    let (report, stdout) = (&run.report, &run.stdout);
     assert_eq!(report["server_device"], "rxe0");
     assert_eq!(report["client_device"], "rxe1");
     let (poll, event) = (&report["phases"][0], &report["phases"][1]);
@@ -260,12 +258,7 @@ fn run_both_modes_between_rxe0_and_rxe1() {
     assert_eq!(count(poll, "ib_uverbs_comp_handler"), 0);
     let comp = count(event, "ib_uverbs_comp_handler");
     // Every CQ event the demo took (both sides) was queued by one ib_uverbs_comp_handler call.
-    let cq_events: u64 = event["demo"]["reports"]
-        .as_array()
-        .expect("demo reports")
-        .iter()
-        .map(|r| r["cq_events"].as_u64().expect("cq_events"))
-        .sum();
+    let cq_events = demo_cq_events(&event["demo"]);
     assert!(
         cq_events >= iters,
         "{cq_events} CQ events for {iters} iterations"
@@ -322,12 +315,12 @@ fn run_both_modes_between_rxe0_and_rxe1() {
 
 #[test]
 fn run_cleans_up_after_sigterm() {
-    let mut child = Command::new(RDMA_TRACE)
-        .args(["run", "--mode", "event", "--no-tui", "-i", "1000000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rdma-trace run");
+    let mut child = KillOnDrop::spawn(
+        Command::new(RDMA_TRACE)
+            .args(["run", "--mode", "event", "--no-tui", "-i", "1000000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
     // Wait until the probes are attached and the demo is in its data phase.
     let start = Instant::now();
     while !kprobes_left().contains("ib_uverbs_comp_handler")
@@ -345,14 +338,7 @@ fn run_cleans_up_after_sigterm() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let pid = child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    assert!(signal(&child, "-TERM"));
     let status = wait_timeout(&mut child, Duration::from_secs(30));
     assert!(!status.success(), "interrupted run must exit non-zero");
     assert_eq!(kprobes_left(), "", "kprobes left behind after SIGTERM");
@@ -364,12 +350,9 @@ fn run_cleans_up_after_sigterm() {
 
 #[test]
 fn run_with_unknown_device_names_the_available_ones() {
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--no-tui", "-d", "nosuch0"])
-        .output()
-        .unwrap();
+    let out = rdma_trace(&["run", "--no-tui", "-d", "nosuch0"]);
     assert_eq!(out.status.code(), Some(3));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = &out.stderr;
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("available: rxe0, rxe1"), "{stderr}");
 }
@@ -378,23 +361,12 @@ fn run_with_unknown_device_names_the_available_ones() {
 
 /// `rdma-trace verify ARGS --json`; returns (exit code, stdout + stderr, report or Null).
 fn verify(args: &[&str], name: &str) -> (Option<i32>, String, Value) {
-    let json = temp_json(name);
-    let mut cmd = Command::new(RDMA_TRACE);
-    cmd.arg("verify")
-        .args(["--json", json.to_str().unwrap()])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn().expect("start rdma-trace verify");
-    let out = child.wait_with_output().expect("rdma-trace verify");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    let report = if json.exists() {
-        read_json(&json)
-    } else {
-        Value::Null
-    };
-    (out.status.code(), text, report)
+    let out = run_json_with(
+        Command::new(RDMA_TRACE).stdin(Stdio::inherit()),
+        &[&["verify"], args].concat(),
+        name,
+    );
+    (out.status.code(), out.stdout + &out.stderr, out.report)
 }
 
 fn calls(phase: &Value, class: &str) -> u64 {
@@ -549,19 +521,12 @@ fn program_targets(probe: &Value) -> (Vec<String>, usize) {
 
 #[test]
 fn run_json_carries_self_overhead_for_every_attached_program() {
-    let json = temp_json("run-overhead");
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--mode", "event", "--no-tui", "-i", "200", "--json"])
-        .arg(&json)
-        .output()
-        .expect("run rdma-trace run");
-    assert!(
-        out.status.success(),
-        "rdma-trace run failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let run = run_json(
+        &["run", "--mode", "event", "--no-tui", "-i", "200"],
+        "run-overhead",
     );
-    let report = read_json(&json);
-    let phase = &report["phases"][0];
+    run.assert_success("rdma-trace run");
+    let phase = &run.report["phases"][0];
     let o = &phase["overhead"];
     let progs = o["programs"].as_array().expect("overhead.programs");
     let attached: Vec<&Value> = phase["probes"]
@@ -646,75 +611,43 @@ fn run_json_carries_self_overhead_for_every_attached_program() {
     assert!(o["bpf_cpu_percent"].as_f64().unwrap() > 0.0, "{o}");
     assert!(o["loader_cpu_percent"].as_f64().unwrap() > 0.0, "{o}");
     assert!(o["loader_peak_rss_kib"].as_u64().unwrap() > 0, "{o}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = &run.stdout;
     assert!(stdout.contains("overhead: eBPF"), "text report:\n{stdout}");
     // The text view printed interval blocks while the demo ran.
     assert!(stdout.contains("[Event mode"), "interval blocks:\n{stdout}");
 }
 
-/// Read `rdma-trace cq`'s stderr until it says it is logging (probes attached); returns it.
-fn wait_logging(cq: &mut Child) -> (String, std::thread::JoinHandle<String>) {
-    use std::io::BufRead as _;
-    let mut err = std::io::BufReader::new(cq.stderr.take().expect("piped stderr"));
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        let n = err.read_line(&mut line).expect("read cq stderr");
-        head.push_str(&line);
-        assert!(n > 0, "rdma-trace cq ended before logging: {head}");
-        if line.starts_with("rdma-trace: logging calls of") {
-            break;
-        }
-    }
+/// `rdma-trace cq ARGS` logging while `loopback_pingpong(DEMO)` runs as load, then ended early
+/// by SIGTERM, like Ctrl-C: its output, and its whole stderr.
+fn cq_during_pingpong(args: &[&str], demo: &[&str]) -> (Output, String) {
+    let mut cq = KillOnDrop::spawn(
+        Command::new(RDMA_TRACE)
+            .arg("cq")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    // Attach takes a moment: the load starts once it logs (probes attached).
+    let (head, mut err) = stderr_until(&mut cq, "rdma-trace: logging calls of");
     // Keep draining stderr so the logger never blocks on it.
     let rest = std::thread::spawn(move || {
         let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        let _ = err.read_to_string(&mut s);
         s
     });
-    (head, rest)
+    let demo = loopback_pingpong(demo);
+    assert!(demo.success(), "rdma-demo failed: {demo}");
+    assert!(signal(&cq, "-TERM"));
+    let out = cq.wait_with_output();
+    (out, head + &rest.join().unwrap())
 }
 
 #[test]
 fn cq_logs_calls_with_callers_while_a_demo_runs() {
-    let mut cq = Command::new(RDMA_TRACE)
-        .args(["cq", "--duration", "25", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rdma-trace cq");
-    // Attach takes a moment; then run an event-mode ping-pong as load.
-    let (stderr_head, stderr_rest) = wait_logging(&mut cq);
-    let demo = Command::new("rdma-demo")
-        .args([
-            "pingpong",
-            "--loopback",
-            "--port",
-            "0",
-            "-d",
-            "rxe1",
-            "--server-device",
-            "rxe0",
-            "--mode",
-            "event",
-            "-i",
-            "100",
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .expect("run rdma-demo");
-    assert!(demo.success(), "rdma-demo failed: {demo}");
-    // SIGTERM ends the log early, like Ctrl-C.
-    let pid = cq.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
+    let (out, stderr) = cq_during_pingpong(
+        &["--duration", "25", "--json"],
+        &["--mode", "event", "-i", "100"],
     );
-    let out = cq.wait_with_output().expect("wait for rdma-trace cq");
-    let stderr = stderr_head + &stderr_rest.join().unwrap();
     assert!(out.status.success(), "rdma-trace cq failed: {stderr}");
     let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -752,39 +685,7 @@ fn cq_logs_calls_with_callers_while_a_demo_runs() {
 
 #[test]
 fn cq_text_lines_look_like_ftrace() {
-    let mut cq = Command::new(RDMA_TRACE)
-        .args(["cq", "--duration", "20"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rdma-trace cq");
-    let _stderr = wait_logging(&mut cq);
-    let demo = Command::new("rdma-demo")
-        .args([
-            "pingpong",
-            "--loopback",
-            "--port",
-            "0",
-            "-d",
-            "rxe1",
-            "--server-device",
-            "rxe0",
-            "-i",
-            "20",
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .expect("run rdma-demo");
-    assert!(demo.success());
-    let pid = cq.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let out = cq.wait_with_output().unwrap();
+    let (out, _) = cq_during_pingpong(&["--duration", "20"], &["-i", "20"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     // `comm-tid [cpu] secs: function <-caller`
@@ -851,14 +752,12 @@ fn run_without_devices_uses_a_temporary_soft_roce_device_and_leaves_routing_alon
     let routes = sh("ip route show table all");
     let _restore = RestoreRxe;
     delete_testbed_devices();
-    let json = temp_json("temp-rxe");
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--mode", "poll", "--no-tui", "-i", "50", "--json"])
-        .arg(&json)
-        .output()
-        .expect("run rdma-trace run");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "rdma-trace run failed: {stderr}");
+    let run = run_json(
+        &["run", "--mode", "poll", "--no-tui", "-i", "50"],
+        "temp-rxe",
+    );
+    run.assert_success("rdma-trace run");
+    let stderr = &run.stderr;
     assert!(
         stderr.contains("temporary Soft-RoCE device rdmatrace0"),
         "{stderr}"
@@ -867,7 +766,7 @@ fn run_without_devices_uses_a_temporary_soft_roce_device_and_leaves_routing_alon
         stderr.contains("removed the temporary Soft-RoCE device rdmatrace0"),
         "{stderr}"
     );
-    let report = read_json(&json);
+    let report = &run.report;
     assert_eq!(report["server_device"], "rdmatrace0");
     assert_eq!(report["client_device"], "rdmatrace0");
     assert!(
@@ -880,9 +779,8 @@ fn run_without_devices_uses_a_temporary_soft_roce_device_and_leaves_routing_alon
 
 #[test]
 fn uprobes_time_the_demos_blocking_wait_when_asked() {
-    let json = temp_json("uprobes");
-    let out = Command::new(RDMA_TRACE)
-        .args([
+    let run = run_json(
+        &[
             "run",
             "--mode",
             "both",
@@ -890,17 +788,11 @@ fn uprobes_time_the_demos_blocking_wait_when_asked() {
             "--no-tui",
             "-i",
             "100",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("run rdma-trace run --uprobes");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        "uprobes",
     );
-    let report = read_json(&json);
+    run.assert_success("rdma-trace run --uprobes");
+    let report = &run.report;
     let (poll, event) = (&report["phases"][0], &report["phases"][1]);
     assert_eq!(probe(event, "ibv_get_cq_event")["attach"], "uprobe");
     assert_eq!(
@@ -908,26 +800,19 @@ fn uprobes_time_the_demos_blocking_wait_when_asked() {
         0,
         "polling never blocks on the channel"
     );
-    let cq_events: u64 = event["demo"]["reports"]
-        .as_array()
-        .expect("demo reports")
-        .iter()
-        .map(|r| r["cq_events"].as_u64().expect("cq_events"))
-        .sum();
+    let cq_events = demo_cq_events(&event["demo"]);
     // One call per event taken: the uprobe sees exactly the demo's calls (the versioned
     // default symbol, in the demo's process only).
     assert_eq!(count(event, "ibv_get_cq_event"), cq_events);
     let p = probe(event, "ibv_get_cq_event");
     assert_eq!(p["summary"]["count"], p["count"], "every call timed: {p}");
     // Without the flag the probe says why it is off.
-    let json = temp_json("no-uprobes");
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--mode", "poll", "--no-tui", "-i", "20", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let report = read_json(&json);
+    let run = run_json(
+        &["run", "--mode", "poll", "--no-tui", "-i", "20"],
+        "no-uprobes",
+    );
+    run.assert_success("rdma-trace run");
+    let report = &run.report;
     let skipped = probe(&report["phases"][0], "ibv_get_cq_event")["skipped"]
         .as_str()
         .unwrap()

@@ -10,6 +10,7 @@ use anyhow::{Context as _, Result, anyhow};
 use aya::maps::{Array, MapData, RingBuf, StackTraceMap};
 use rdma_trace_common::cq::{CQ_FUNCTIONS, CqEvent};
 use serde::Serialize;
+use tokio::time::MissedTickBehavior;
 
 use crate::{
     bpf::{Bpf, chain},
@@ -17,6 +18,7 @@ use crate::{
     kernel::Kernel,
     overhead::{LoaderUsage, Overhead},
     plan::{self, Facts, Options},
+    window::Waiter,
 };
 
 #[derive(clap::Args, Debug)]
@@ -170,24 +172,13 @@ pub async fn run(args: &Args) -> Result<()> {
 
     let usage0 = LoaderUsage::now();
     let stats0 = bpf.program_stats();
-    let start = tokio::time::Instant::now();
-    let sleep = async {
-        match args.duration {
-            Some(d) => tokio::time::sleep(d).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(sleep);
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let mut waiter = Waiter::new(args.duration, None)
+        .every(Duration::from_millis(20), MissedTickBehavior::Burst);
     let mut callers: HashMap<(i64, u32), Option<String>> = HashMap::new();
     let mut counts: HashMap<&'static str, u64> = HashMap::new();
     let stdout = std::io::stdout();
     loop {
-        let done = tokio::select! {
-            () = &mut sleep => true,
-            _ = crate::signals::stopped() => true,
-            _ = tick.tick() => false,
-        };
+        let done = waiter.next_tick().await?.is_some();
         // Drain what is there (also after the end: the last events).
         let stacks: StackTraceMap<&MapData> = StackTraceMap::try_from(
             bpf.ebpf()
@@ -260,7 +251,7 @@ pub async fn run(args: &Args) -> Result<()> {
     summary.sort();
     eprintln!(
         "rdma-trace: {:.1} s, calls: {}; {drops} lost (ring buffer full)\n{}",
-        start.elapsed().as_secs_f64(),
+        waiter.elapsed().as_secs_f64(),
         summary.join(", "),
         overhead.render().trim_end()
     );

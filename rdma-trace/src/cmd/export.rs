@@ -42,6 +42,7 @@ use crate::{
     plan::Options,
     probes::{Driver, PROBES, ProbeDef, Unit},
     session::Session,
+    window::Waiter,
 };
 
 #[derive(clap::Args, Debug)]
@@ -136,8 +137,9 @@ pub async fn run(args: &Args) -> Result<()> {
         Ok(())
     };
     refresh(&page)?;
-    let mut tick = tokio::time::interval(args.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // No duration, no command: only a stop signal ends the export.
+    let mut waiter =
+        Waiter::new(None, None).every(args.interval, tokio::time::MissedTickBehavior::Delay);
     let server = tokio::spawn(serve_http(
         listener,
         Arc::clone(&page),
@@ -146,11 +148,8 @@ pub async fn run(args: &Args) -> Result<()> {
     ));
     // Aborts the server (and so closes the listener) however this function ends.
     let _server = AbortOnDrop(server);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => refresh(&page)?,
-            _ = crate::signals::stopped() => break,
-        }
+    while waiter.next_tick().await?.is_none() {
+        refresh(&page)?;
     }
     eprintln!("rdma-trace: stopped; probes detached");
     Ok(())
@@ -331,7 +330,7 @@ impl ProbeLabels {
         };
         format!(
             "probe=\"{}\",driver=\"{driver}\",device=\"{}\",host=\"{}\"",
-            escape(def.name),
+            escape(&def.name),
             escape(device),
             escape(&self.host)
         )
@@ -553,16 +552,10 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram, unit: Un
 
 #[cfg(test)]
 mod tests {
-    use rdma_trace_common::{HIST_SLOTS, hist_slot};
-
     use super::*;
 
     fn hist(values: &[u64]) -> Histogram {
-        let mut slots = vec![0; HIST_SLOTS as usize];
-        for &v in values {
-            slots[hist_slot(v) as usize] += 1;
-        }
-        Histogram::from_slots(slots)
+        Histogram::of_values(values)
     }
 
     fn value(text: &str, prefix: &str) -> f64 {

@@ -2,20 +2,21 @@
 //! (kprobe/kretprobe, or fentry/fexit for vmlinux functions without kprobes), optionally while a
 //! command runs.
 
-use std::{path::PathBuf, time::Duration};
+use std::{borrow::Cow, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use rdma_trace_common::MAX_KSLOTS;
 use serde::Serialize;
 
 use crate::{
-    cmd::{Window, wait_window, write_json},
+    cmd::write_json,
     error::Unsupported,
     kernel::Kernel,
     plan::Options,
-    probes::{Driver, Method, ProbeDef, Shape},
+    probes::{Driver, Method, ProbeDef, Role, Shape},
     report::{ProbeReport, probe_reports, render},
     session::Session,
+    window::{Window, wait_window},
 };
 
 #[derive(clap::Args, Debug)]
@@ -53,22 +54,21 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         crate::output::check_writable(path)?;
     }
     let kernel = Kernel::live();
-    // The probe table holds 'static rows; these few names live until the process exits.
     let defs: Vec<ProbeDef> = args
         .functions
         .iter()
-        .map(|f| {
-            let function: &'static str = Box::leak(f.clone().into_boxed_str());
-            ProbeDef {
-                name: function,
-                what: "kernel function, entry → return",
-                driver: Driver::Network,
-                shape: Shape::Duration { function },
-                methods: &[Method::Kprobe, Method::Fentry],
-                zero_note: None,
-                module: None,
-                since: None,
-            }
+        .map(|f| ProbeDef {
+            name: Cow::Owned(f.clone()),
+            what: "kernel function, entry → return",
+            driver: Driver::Network,
+            shape: Shape::Duration {
+                function: Cow::Owned(f.clone()),
+            },
+            methods: &[Method::Kprobe, Method::Fentry],
+            zero_note: None,
+            module: None,
+            since: None,
+            role: Role::Stage,
         })
         .collect();
     let mut session = Session::start(&kernel, &defs, Options::default())?;

@@ -3,43 +3,44 @@
 //! vectors (what runs after the hard IRQ). Raw tracepoints `irq_handler_entry/exit` and
 //! `softirq_entry/exit`: works without tracefs and without kprobes.
 
-use std::{collections::HashMap, path::PathBuf, time::Duration};
+use std::{borrow::Cow, path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use serde::Serialize;
 
 use crate::{
-    bpf::ProbeData,
-    cmd::{Window, write_json},
+    baseline::{Baseline, delta},
+    cmd::write_json,
     error::Unsupported,
     kernel::Kernel,
-    overhead::{LoaderUsage, Overhead, ProgramStat},
+    overhead::Overhead,
     plan::Options,
-    probes::{Driver, Method, ProbeDef, Shape, glob_match},
+    probes::{Driver, Method, PROBES, Patterns, ProbeDef, Role, Shape, glob_match},
     report::{ProbeReport, probe_reports, render},
     session::Session,
-    tui::{Live, Progress, Sample, Source},
+    tui::{Live, Sample, Source},
+    window::Window,
 };
 
-/// IRQs traced without `--match`: the completion vectors of mlx5, irdma, bnxt_re and MANA
-/// (see their IRQ rows in probes.rs), mlx5 async vectors, virtio NIC queues, and the usual NIC
-/// names.
-pub const DEFAULT_PATTERNS: &[&str] = &[
-    "mlx5_comp*",
-    "mlx5_sf_comp*",
-    "mlx5_combined*",
-    "mlx5_async*",
-    "irdma-*",
-    "CEQ",
-    "AEQCEQ",
-    "bnxt_re-nq-*",
-    "mana_q*",
-    "virtio*-input*",
-    "virtio*-output*",
-    "eth*",
-    "ens*",
-    "enp*",
-];
+/// IRQs traced without `--match` besides those of the table's IRQ rows: irdma's AEQ vector
+/// and virtio NIC send queues.
+const MORE_PATTERNS: &[&str] = &["irdma-*-AEQ", "virtio*-output*"];
+
+/// IRQs traced without `--match`: the patterns of the table's IRQ rows (the completion vectors
+/// of mlx5, irdma, bnxt_re and MANA; mlx5 async vectors, virtio NIC queues, the usual NIC
+/// names), then [`MORE_PATTERNS`].
+pub fn default_patterns() -> Vec<String> {
+    PROBES
+        .iter()
+        .filter_map(|p| match &p.shape {
+            Shape::Irq { patterns } => Some(patterns.iter()),
+            _ => None,
+        })
+        .flatten()
+        .chain(MORE_PATTERNS.iter().copied())
+        .map(str::to_owned)
+        .collect()
+}
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -78,12 +79,18 @@ struct IrqReport {
     numbers: Vec<u32>,
     /// Handler events per CPU (index = CPU).
     cpus: Vec<u64>,
+    /// The IRQ's name in /proc/interrupts.
+    #[serde(skip)]
+    irq: String,
     #[serde(flatten)]
     probe: ProbeReport,
 }
 
+/// An IRQ row's /proc/interrupts name and IRQ numbers.
+type IrqOf = (String, Vec<u32>);
+
 /// One probe per IRQ name matching `patterns` (IRQs sharing a name share a probe), then the
-/// NET_RX and TASKLET softirqs.
+/// table's softirq rows (NET_RX and TASKLET), named by their vector.
 fn irq_probes(irqs: &[(u32, String)], patterns: &[String]) -> Vec<ProbeDef> {
     let mut names: Vec<&str> = Vec::new();
     for (_, name) in irqs {
@@ -94,91 +101,44 @@ fn irq_probes(irqs: &[(u32, String)], patterns: &[String]) -> Vec<ProbeDef> {
     let mut defs: Vec<ProbeDef> = names
         .into_iter()
         .take(rdma_trace_common::MAX_IRQS as usize)
-        .map(|name| {
-            let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
-            let patterns: &'static [&'static str] = Box::leak(Box::new([name]));
-            ProbeDef {
-                name: Box::leak(format!("irq {name}").into_boxed_str()),
-                what: "hard IRQ handler, entry → exit",
-                driver: Driver::Network,
-                shape: Shape::Irq { patterns },
-                methods: &[Method::RawTracepoint],
-                zero_note: None,
-                module: None,
-                since: None,
-            }
-        })
-        .collect();
-    for (vector, what) in [
-        (3, "NET_RX softirq runs (receive processing after NIC IRQs)"),
-        (
-            6,
-            "TASKLET softirq runs (mlx5 completion tasklets, rxe on 6.1)",
-        ),
-    ] {
-        defs.push(ProbeDef {
-            name: rdma_trace_common::SOFTIRQ_NAMES[vector as usize],
-            what,
+        .map(|name| ProbeDef {
+            name: Cow::Owned(format!("irq {name}")),
+            what: "hard IRQ handler, entry → exit",
             driver: Driver::Network,
-            shape: Shape::Softirq { vector },
+            shape: Shape::Irq {
+                patterns: Patterns::Owned(vec![name.to_owned()]),
+            },
             methods: &[Method::RawTracepoint],
             zero_note: None,
             module: None,
             since: None,
-        });
-    }
+            role: Role::Stage,
+        })
+        .collect();
+    defs.extend(PROBES.iter().filter_map(|p| match p.shape {
+        Shape::Softirq { vector } => Some(ProbeDef {
+            name: Cow::Borrowed(rdma_trace_common::SOFTIRQ_NAMES[vector as usize]),
+            ..p.clone()
+        }),
+        _ => None,
+    }));
     defs
 }
 
 struct IrqSource<'a> {
     session: &'a Session,
-    baseline: HashMap<u32, ProbeData>,
-    baseline_at: std::time::Instant,
-    stats: Vec<ProgramStat>,
-    usage: LoaderUsage,
-}
-
-impl<'a> IrqSource<'a> {
-    fn new(session: &'a Session) -> Result<Self> {
-        Ok(Self {
-            session,
-            baseline: session.snapshot()?,
-            baseline_at: std::time::Instant::now(),
-            stats: session.program_stats().0,
-            usage: LoaderUsage::now(),
-        })
-    }
+    /// Where the report and the live view count from.
+    base: Baseline<'a>,
 }
 
 impl Source for IrqSource<'_> {
     fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
-        let data = crate::cmd::run::delta(&self.session.snapshot()?, &self.baseline);
-        let (stats, how) = self.session.program_stats();
-        Ok(Sample {
-            probes: probe_reports(
-                self.session,
-                &data,
-                self.baseline_at.elapsed().as_secs_f64(),
-            ),
-            overhead: Some(Overhead::between(
-                how,
-                &self.stats,
-                &stats,
-                self.usage,
-                LoaderUsage::now(),
-            )),
-            progress: Progress {
-                label: "IRQs and softirqs".to_owned(),
-                elapsed,
-                ..Progress::default()
-            },
-            waterfall: None,
-        })
+        self.base
+            .sample_now(self.session, "IRQs and softirqs".to_owned(), elapsed)
     }
 
     fn reset(&mut self) -> Result<()> {
-        *self = Self::new(self.session)?;
-        Ok(())
+        self.base.reset(self.session)
     }
 }
 
@@ -186,7 +146,7 @@ impl Source for IrqSource<'_> {
 pub async fn run(args: &Args) -> Result<()> {
     let kernel = Kernel::live();
     let patterns: Vec<String> = if args.patterns.is_empty() {
-        DEFAULT_PATTERNS.iter().map(|s| s.to_string()).collect()
+        default_patterns()
     } else {
         args.patterns.clone()
     };
@@ -216,44 +176,52 @@ pub async fn run(args: &Args) -> Result<()> {
         args.interval,
         json_on_stdout,
     );
-    let mut src = IrqSource::new(&session)?;
-    let usage0 = LoaderUsage::now();
-    let stats0 = session.program_stats().0;
-    let before = session.snapshot()?;
+    let mut src = IrqSource {
+        session: &session,
+        base: Baseline::new(&session, None)?,
+    };
     let window = live.watch(&mut src, args.duration, None).await?;
     live.close();
     let after = session.snapshot()?;
     let per_cpu = session.events_per_cpu()?;
-    let (stats1, how) = session.program_stats();
-    let overhead = Overhead::between(how, &stats0, &stats1, usage0, LoaderUsage::now());
+    let overhead = src.base.overhead(&session);
     let reports = probe_reports(
         &session,
-        &crate::cmd::run::delta(&after, &before),
+        &delta(&after, src.base.phase_data()),
         window.seconds,
     );
-    let numbers: Vec<(u32, Vec<u32>)> = session
+    // Per probe: its id, and for an IRQ row its IRQ's name and numbers.
+    let irqs: Vec<(u32, Option<IrqOf>)> = session
         .plan
         .probes
         .iter()
-        .map(|p| (p.id, p.irqs.clone()))
+        .map(|p| {
+            let irq = match &p.def.shape {
+                Shape::Irq { patterns } => Some((
+                    patterns.iter().collect::<Vec<_>>().join(","),
+                    p.irqs.clone(),
+                )),
+                _ => None,
+            };
+            (p.id, irq)
+        })
         .collect();
-    let ids: Vec<u32> = session.plan.probes.iter().map(|p| p.id).collect();
     let mut text = format!("IRQ handlers and softirqs over {:.1} s\n", window.seconds);
     text.push_str(&render(&reports));
     drop(session); // detach before printing
 
     let mut irq_reports = Vec::new();
     let mut softirqs = Vec::new();
-    for ((id, probe), (_, nums)) in ids.into_iter().zip(reports).zip(numbers) {
-        if probe.name.starts_with("irq ") {
-            irq_reports.push(IrqReport {
-                numbers: nums,
+    for ((id, irq), probe) in irqs.into_iter().zip(reports) {
+        match irq {
+            Some((irq, numbers)) => irq_reports.push(IrqReport {
+                numbers,
                 // The maps start at 0 when created: these are the counts since attach.
                 cpus: per_cpu.get(&id).cloned().unwrap_or_default(),
+                irq,
                 probe,
-            });
-        } else {
-            softirqs.push(probe);
+            }),
+            None => softirqs.push(probe),
         }
     }
     text.push_str(&cpu_table(&irq_reports));
@@ -297,11 +265,7 @@ fn cpu_table(irqs: &[IrqReport]) -> String {
         let nums: Vec<String> = r.numbers.iter().map(u32::to_string).collect();
         out.push_str(&format!(
             "  {:<28}",
-            format!(
-                "{} ({})",
-                r.probe.name.trim_start_matches("irq "),
-                nums.join(",")
-            )
+            format!("{} ({})", r.irq, nums.join(","))
         ));
         for c in 0..ncpu {
             out.push_str(&format!(" {:>9}", r.cpus.get(c).copied().unwrap_or(0)));
@@ -324,9 +288,8 @@ mod tests {
             (50, "mlx5_comp0@pci:0000:3b:00.0".to_owned()),
             (51, "mlx5_comp0@pci:0000:3b:00.0".to_owned()),
         ];
-        let pats: Vec<String> = DEFAULT_PATTERNS.iter().map(|s| s.to_string()).collect();
-        let defs = irq_probes(&irqs, &pats);
-        let names: Vec<&str> = defs.iter().map(|d| d.name).collect();
+        let defs = irq_probes(&irqs, &default_patterns());
+        let names: Vec<&str> = defs.iter().map(|d| d.name.as_ref()).collect();
         assert_eq!(
             names,
             [
@@ -339,14 +302,18 @@ mod tests {
         );
         let only = irq_probes(&irqs, &["virtio0-*".to_owned()]);
         assert_eq!(only.len(), 3);
-        assert!(matches!(only[0].shape, Shape::Irq { patterns } if patterns == ["virtio0-config"]));
+        assert!(
+            matches!(&only[0].shape, Shape::Irq { patterns } if patterns.iter().eq(["virtio0-config"]))
+        );
+        assert!(matches!(only[1].shape, Shape::Softirq { vector: 3 }));
     }
 
     #[test]
     fn default_patterns_cover_the_hardware_drivers_completion_vectors() {
-        let pats: Vec<String> = DEFAULT_PATTERNS.iter().map(|s| s.to_string()).collect();
         let irqs: Vec<(u32, String)> = [
-            "irdma-0000:3b:00.0-CEQ-0",
+            "irdma-0000:3b:00.0-CEQ-1",
+            "irdma-0000:3b:00.0-AEQCEQ-0",
+            "irdma-0000:3b:00.0-AEQ",
             "CEQ",
             "bnxt_re-nq-0@pci:0000:3b:00.0",
             "mana_q0@pci:7870:00:00.0",
@@ -357,8 +324,8 @@ mod tests {
         .enumerate()
         .map(|(i, n)| (i as u32 + 100, n.to_string()))
         .collect();
-        let defs = irq_probes(&irqs, &pats);
-        assert_eq!(defs.len(), 5 + 2, "five driver IRQs and NET_RX/TASKLET");
+        let defs = irq_probes(&irqs, &default_patterns());
+        assert_eq!(defs.len(), 7 + 2, "seven driver IRQs and NET_RX/TASKLET");
         assert!(defs.iter().all(|d| d.name != "irq timer"));
     }
 
@@ -367,6 +334,7 @@ mod tests {
         let r = IrqReport {
             numbers: vec![38],
             cpus: vec![0, 42],
+            irq: "virtio2-input.0".to_owned(),
             probe: crate::tui::app::tests::report("irq virtio2-input.0", 42, false),
         };
         let t = cpu_table(&[r]);

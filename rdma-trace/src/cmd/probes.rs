@@ -2,7 +2,7 @@
 //! why not), without attaching. `--check` attaches the planned rows for real, one driver path at
 //! a time (the eBPF object has 16 kernel-function slots), and reports what the kernel accepted.
 
-use std::collections::HashMap;
+use std::{borrow::Cow, collections::HashMap};
 
 use anyhow::{Result, bail};
 use serde::Serialize;
@@ -41,15 +41,15 @@ fn parse_driver(s: &str) -> Result<Driver, String> {
 /// One row of the listing.
 #[derive(Debug, Serialize)]
 pub struct Row {
-    pub name: &'static str,
+    pub name: Cow<'static, str>,
     pub driver: &'static str,
     pub what: &'static str,
     /// Kernel functions the row attaches to.
-    pub functions: Vec<&'static str>,
+    pub functions: Vec<Cow<'static, str>>,
     /// The module that holds them (null: vmlinux, or not a function).
     pub module: Option<&'static str>,
     /// `/proc/interrupts` names (IRQ rows).
-    pub irq_patterns: Vec<&'static str>,
+    pub irq_patterns: Vec<String>,
     /// Planned methods, in order of preference (empty when skipped).
     pub methods: Vec<&'static str>,
     /// Why not, when skipped: a stable `kind` and the line users read.
@@ -89,7 +89,7 @@ pub async fn run(args: &Args) -> Result<()> {
     let defs: Vec<ProbeDef> = PROBES
         .iter()
         .filter(|p| args.driver.is_none_or(|d| p.driver == d))
-        .copied()
+        .cloned()
         .collect();
     let opts = Options {
         all_drivers: args.all_drivers || args.driver.is_some(),
@@ -129,7 +129,7 @@ fn plan_by_driver(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Vec<Planne
     let mut rows: Vec<PlannedProbe> = Driver::ALL
         .into_iter()
         .flat_map(|d| {
-            let group: Vec<ProbeDef> = defs.iter().filter(|p| p.driver == d).copied().collect();
+            let group: Vec<ProbeDef> = defs.iter().filter(|p| p.driver == d).cloned().collect();
             plan::plan(&group, facts, opts).probes
         })
         .collect();
@@ -173,13 +173,13 @@ fn row(p: &PlannedProbe) -> Row {
         ),
     };
     Row {
-        name: p.def.name,
+        name: p.def.name.clone(),
         driver: p.def.driver.name(),
         what: p.def.what,
         functions: plan::functions_of(&p.def.shape),
         module: p.def.module,
-        irq_patterns: match p.def.shape {
-            Shape::Irq { patterns } => patterns.to_vec(),
+        irq_patterns: match &p.def.shape {
+            Shape::Irq { patterns } => patterns.iter().map(str::to_owned).collect(),
             _ => Vec::new(),
         },
         methods,
@@ -191,12 +191,12 @@ fn row(p: &PlannedProbe) -> Row {
 
 /// Attach the planned rows of each driver path in turn and record the outcome per row.
 fn check(defs: &[ProbeDef], facts: &Facts, opts: Options, rows: &mut [Row]) -> Result<()> {
-    let mut outcomes: HashMap<&'static str, Outcome> = HashMap::new();
+    let mut outcomes: HashMap<Cow<'static, str>, Outcome> = HashMap::new();
     for driver in Driver::ALL {
         let group: Vec<ProbeDef> = defs
             .iter()
             .filter(|p| p.driver == driver)
-            .copied()
+            .cloned()
             .collect();
         let plan = plan::plan(&group, facts, opts);
         if !plan
@@ -210,15 +210,15 @@ fn check(defs: &[ProbeDef], facts: &Facts, opts: Options, rows: &mut [Row]) -> R
         let got = bpf.attach(&plan)?;
         for (p, o) in plan.probes.iter().zip(got) {
             if matches!(p.decision, Decision::Try(_)) {
-                outcomes.insert(p.def.name, o);
+                outcomes.insert(p.def.name.clone(), o);
             }
         }
         // Dropping `bpf` detaches this group before the next one loads.
     }
     for r in rows.iter_mut() {
-        r.check = outcomes.remove(r.name).map(|o| match o {
+        r.check = outcomes.remove(r.name.as_ref()).map(|o| match o {
             Outcome::Attached(m) => Check::Attached(m.label()),
-            Outcome::Skipped(why) => Check::Failed(why),
+            Outcome::Skipped(why) => Check::Failed(why.to_string()),
         });
     }
     Ok(())

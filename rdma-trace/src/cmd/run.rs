@@ -16,10 +16,11 @@ use serde::Serialize;
 use tokio::io::AsyncReadExt as _;
 
 use crate::{
+    baseline::{Baseline, delta},
     bpf::ProbeData,
     budget::{self, Added, Dropped, Preset},
     calibrate::Calibration,
-    cmd::{Window, write_json},
+    cmd::write_json,
     error::{DemoFailed, Unsupported},
     kernel::{Kernel, RdmaDevice},
     overhead::{LoaderUsage, Overhead, ProgramStat},
@@ -31,6 +32,7 @@ use crate::{
     softroce,
     tui::{Live, Progress, Sample, Source},
     waterfall::{self, Waterfall, WaterfallReport},
+    window::Window,
 };
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -231,13 +233,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let mut phases = Vec::new();
     let mut failure: Option<anyhow::Error> = None;
     let mut stopped = None;
-    let json_on_stdout = args.json.as_deref() == Some(Path::new("-"));
-    let mut live = Live::new(
-        "rdma-trace run",
-        !args.no_tui,
-        args.interval,
-        json_on_stdout,
-    );
+    let mut live = live_view(args);
     // On the screen the reports wait until it is closed.
     let mut deferred = String::new();
     let mut quit = false;
@@ -253,9 +249,9 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         let (window, demo_json, demo_out) =
             run_demo(&demo, mode, &server, &client, args, &mut live, &mut src).await?;
         let after = src.session.snapshot()?;
-        let data = delta(&after, &src.phase_before);
+        let data = delta(&after, src.base.phase_data());
         let probes = probe_reports(src.session, &data, window.seconds);
-        let mut overhead = src.overhead()?;
+        let mut overhead = src.base.overhead(src.session);
         // A demo that ran to its end did all its iterations; a stopped one as many as rxe
         // completed.
         let round_trips = if window.command_status == Some(0) {
@@ -597,20 +593,10 @@ struct RunSource<'a> {
     dropped: Vec<Dropped>,
     /// The previous estimate's moment, round trips and program statistics.
     last: Option<(Instant, u64, Vec<ProgramStat>)>,
-    phase_at: Instant,
     label: String,
     iterations: u32,
-    /// At the start of the phase (the report and the progress count from here).
-    phase_before: HashMap<u32, ProbeData>,
-    stats_before: Vec<ProgramStat>,
-    usage_before: LoaderUsage,
-    /// Where the live view counts from (moved by `r`).
-    baseline: HashMap<u32, ProbeData>,
-    baseline_at: Instant,
-    view_stats: Vec<ProgramStat>,
-    view_usage: LoaderUsage,
-    /// The waterfall and the live view's baseline of it.
-    wf: Option<(&'a Waterfall, waterfall::Snapshot)>,
+    /// Where the report (the phase) and the live view count from; the waterfall.
+    base: Baseline<'a>,
 }
 
 impl<'a> RunSource<'a> {
@@ -621,37 +607,22 @@ impl<'a> RunSource<'a> {
         budget: Budget<'a>,
         wf: Option<(&'a Waterfall, waterfall::Snapshot)>,
     ) -> Result<Self> {
-        let before = session.snapshot()?;
-        let (mut stats, _) = session.program_stats();
-        if let Some((w, _)) = &wf {
-            stats.extend(w.program_stats());
-        }
-        let usage = LoaderUsage::now();
+        let base = Baseline::new(session, wf)?;
         Ok(Self {
             session,
             budget,
             dropped: Vec::new(),
             last: None,
-            phase_at: Instant::now(),
             label,
             iterations,
-            baseline: before.clone(),
-            phase_before: before,
-            view_stats: stats.clone(),
-            stats_before: stats,
-            usage_before: usage,
-            view_usage: usage,
-            baseline_at: Instant::now(),
-            wf,
+            base,
         })
     }
 
     /// Round trips of the phase (rxe posts 4 completions per round trip), when rxe_cq_post
     /// is attached.
     fn round_trips(&self, phase: &HashMap<u32, ProbeData>) -> Option<u64> {
-        let reports = &self.session.plan.probes;
-        let i = reports.iter().position(|p| p.def.name == "rxe_cq_post")?;
-        let id = reports[i].id;
+        let id = self.session.plan.progress()?.id;
         self.session.attached_ids().contains(&id).then_some(())?;
         let posts = phase.get(&id)?.counters[rdma_trace_common::C_EVENTS as usize];
         Some(posts / CQES_PER_ITERATION)
@@ -674,7 +645,7 @@ impl<'a> RunSource<'a> {
                 (t, rt, st)
             }
             last => {
-                let phase_start = (self.phase_at, 0, self.stats_before.clone());
+                let phase_start = (self.base.phase_at(), 0, self.base.phase_stats().to_vec());
                 // Keep the older mark: the next window grows until it is long enough.
                 self.last = last;
                 phase_start
@@ -696,9 +667,10 @@ impl<'a> RunSource<'a> {
             // Only the probe table's programs are dropped; the waterfall's stay (it has its
             // own switch, --no-waterfall).
             let theirs: Vec<String> = self
-                .wf
+                .base
+                .waterfall()
                 .iter()
-                .flat_map(|(w, _)| w.program_stats())
+                .flat_map(|w| w.program_stats())
                 .map(|p| p.name)
                 .collect();
             let droppable: Vec<_> = costs
@@ -715,31 +687,10 @@ impl<'a> RunSource<'a> {
                 self.session.drop_programs(&names);
                 self.dropped.extend(drops);
                 // The next window starts after the drop.
-                self.last = Some((Instant::now(), round_trips, self.stats().0));
+                self.last = Some((Instant::now(), round_trips, self.base.stats(self.session).0));
             }
         }
         Some(added)
-    }
-
-    /// Run-time statistics of every program: the probe table's and the waterfall's.
-    fn stats(&self) -> (Vec<ProgramStat>, &str) {
-        let (mut stats, how) = self.session.program_stats();
-        if let Some((w, _)) = &self.wf {
-            stats.extend(w.program_stats());
-        }
-        (stats, how)
-    }
-
-    /// The phase's overhead so far.
-    fn overhead(&self) -> Result<Overhead> {
-        let (now, how) = self.stats();
-        Ok(Overhead::between(
-            how,
-            &self.stats_before,
-            &now,
-            self.usage_before,
-            LoaderUsage::now(),
-        ))
     }
 }
 
@@ -749,75 +700,39 @@ const CQES_PER_ITERATION: u64 = 4;
 impl Source for RunSource<'_> {
     fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
         let now = self.session.snapshot()?;
-        let data = delta(&now, &self.baseline);
-        let probes = probe_reports(
-            self.session,
-            &data,
-            self.baseline_at.elapsed().as_secs_f64(),
-        );
-        let phase = delta(&now, &self.phase_before);
+        let phase = delta(&now, self.base.phase_data());
         // One read of the program statistics per refresh, for the estimate and the footer.
-        let (stats, how) = self.stats();
+        let (stats, how) = self.base.stats(self.session);
         let how = how.to_owned();
+        let progress = Progress {
+            label: self.label.clone(),
+            elapsed,
+            total: Some(u64::from(self.iterations)),
+            ..Progress::default()
+        };
+        let mut sample = self
+            .base
+            .sample(self.session, &now, (&stats, &how), progress)?;
         let added = self.estimate(&phase, &stats, &how);
-        let cq_posts = probes
-            .iter()
-            .position(|p| p.name == "rxe_cq_post" && p.skipped.is_none())
-            .and_then(|i| phase.get(&self.session.plan.probes[i].id))
+        if let Some(o) = sample.overhead.as_mut() {
+            o.tracing_adds = added;
+        }
+        let cq_posts = self
+            .session
+            .plan
+            .progress()
+            .filter(|p| self.session.attached_ids().contains(&p.id))
+            .and_then(|p| phase.get(&p.id))
             .map(|d| d.counters[rdma_trace_common::C_EVENTS as usize]);
-        let mut overhead = Overhead::between(
-            &how,
-            &self.view_stats,
-            &stats,
-            self.view_usage,
-            LoaderUsage::now(),
-        );
-        overhead.tracing_adds = added;
-        Ok(Sample {
-            probes,
-            overhead: Some(overhead),
-            progress: Progress {
-                label: self.label.clone(),
-                elapsed,
-                done: cq_posts.map(|c| (c / CQES_PER_ITERATION).min(u64::from(self.iterations))),
-                total: Some(u64::from(self.iterations)),
-                done_from: cq_posts.map(|_| "rxe_cq_post / 4"),
-            },
-            waterfall: self.wf.as_ref().map(|(w, b)| w.view(b)).transpose()?,
-        })
+        sample.progress.done =
+            cq_posts.map(|c| (c / CQES_PER_ITERATION).min(u64::from(self.iterations)));
+        sample.progress.done_from = cq_posts.map(|_| "rxe_cq_post / 4");
+        Ok(sample)
     }
 
     fn reset(&mut self) -> Result<()> {
-        self.baseline = self.session.snapshot()?;
-        self.baseline_at = Instant::now();
-        self.view_stats = self.stats().0;
-        self.view_usage = LoaderUsage::now();
-        if let Some((w, base)) = &mut self.wf {
-            *base = w.snapshot()?;
-        }
-        Ok(())
+        self.base.reset(self.session)
     }
-}
-
-/// Counters and histograms added between two snapshots.
-pub(crate) fn delta(
-    after: &HashMap<u32, ProbeData>,
-    before: &HashMap<u32, ProbeData>,
-) -> HashMap<u32, ProbeData> {
-    after
-        .iter()
-        .map(|(id, a)| {
-            let b = before.get(id).cloned().unwrap_or_default();
-            let mut d = ProbeData {
-                counters: a.counters,
-                hist: a.hist.subtract(&b.hist),
-            };
-            for (x, y) in d.counters.iter_mut().zip(b.counters) {
-                *x = x.saturating_sub(y);
-            }
-            (*id, d)
-        })
-        .collect()
 }
 
 /// Poll and event side by side, with what the difference means.
@@ -865,6 +780,17 @@ fn compare(poll: &Phase, event: &Phase) -> String {
         event.waterfall.as_ref(),
     ));
     out
+}
+
+/// The live view (or, without a terminal or with `--no-tui`, the text view) of a run.
+fn live_view(args: &Args) -> Live {
+    let json_on_stdout = args.json.as_deref() == Some(Path::new("-"));
+    Live::new(
+        "rdma-trace run",
+        !args.no_tui,
+        args.interval,
+        json_on_stdout,
+    )
 }
 
 #[cfg(test)]

@@ -1,19 +1,20 @@
 //! `rdma-trace softirqs`: how long each softirq vector runs (NET_RX, TASKLET, ...), from the
 //! `irq:softirq_entry` / `irq:softirq_exit` tracepoints (attached raw: no tracefs needed).
 
-use std::{path::PathBuf, time::Duration};
+use std::{borrow::Cow, path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use rdma_trace_common::{NR_SOFTIRQS, SOFTIRQ_NAMES};
 use serde::Serialize;
 
 use crate::{
-    cmd::{Window, wait_window, write_json},
+    cmd::write_json,
     kernel::Kernel,
     plan::Options,
-    probes::{Driver, Method, ProbeDef, Shape},
+    probes::{Driver, Method, ProbeDef, Role, Shape},
     report::{ProbeReport, probe_reports, render},
     session::Session,
+    window::{Window, wait_window},
 };
 
 #[derive(clap::Args, Debug)]
@@ -37,7 +38,7 @@ struct Report {
 fn vector_probes() -> Vec<ProbeDef> {
     (0..NR_SOFTIRQS)
         .map(|vector| ProbeDef {
-            name: SOFTIRQ_NAMES[vector as usize],
+            name: Cow::Borrowed(SOFTIRQ_NAMES[vector as usize]),
             what: "softirq vector run, entry → exit",
             driver: Driver::Network,
             shape: Shape::Softirq { vector },
@@ -45,6 +46,7 @@ fn vector_probes() -> Vec<ProbeDef> {
             zero_note: None,
             module: None,
             since: None,
+            role: Role::Stage,
         })
         .collect()
 }

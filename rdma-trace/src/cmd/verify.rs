@@ -12,7 +12,7 @@ use std::{collections::BTreeMap, io::Write as _, path::PathBuf, process::Stdio};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf,
     maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap},
     programs::RawTracePoint,
 };
@@ -25,10 +25,11 @@ use serde::Serialize;
 use tokio::io::AsyncReadExt as _;
 
 use crate::{
-    bpf::{OBJECT, chain},
-    cmd::{Window, wait_window, write_json},
+    bpf::{chain, load_object},
+    cmd::write_json,
     error::{DemoFailed, Unsupported},
     kernel::Kernel,
+    window::{Window, wait_window},
 };
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -313,18 +314,13 @@ struct Tracer {
 
 impl Tracer {
     fn load(table: &SyscallTable) -> Result<Self> {
-        raise_memlock();
-        let mut ebpf = EbpfLoader::new()
-            .override_global("SYSCALL_KIND", &table.kinds, true)
-            .override_global("SYSCALL_ARG_OFFSETS", &table.arg_offsets, true)
-            .override_global("SYSCALL_IOCTL", &table.ioctl, true)
-            .override_global(
-                "FCNTL_DUPFD",
-                &[libc::F_DUPFD as u64, libc::F_DUPFD_CLOEXEC as u64],
-                true,
-            )
-            .load(OBJECT)
-            .map_err(|e| permission(&chain(&e), "loading the eBPF object"))?;
+        let dupfd = [libc::F_DUPFD as u64, libc::F_DUPFD_CLOEXEC as u64];
+        let mut ebpf = load_object("the eBPF object", |l| {
+            l.override_global("SYSCALL_KIND", &table.kinds, true)
+                .override_global("SYSCALL_ARG_OFFSETS", &table.arg_offsets, true)
+                .override_global("SYSCALL_IOCTL", &table.ioctl, true)
+                .override_global("FCNTL_DUPFD", &dupfd, true)
+        })?;
         for (prog, tp) in [
             ("verify_sys_enter", "sys_enter"),
             ("verify_sys_exit", "sys_exit"),
@@ -335,13 +331,9 @@ impl Tracer {
                 .try_into()
                 .map_err(|e: aya::programs::ProgramError| anyhow!("{prog}: {}", chain(&e)))?;
             p.load()
-                .map_err(|e| permission(&chain(&e), &format!("loading {prog}")))?;
-            p.attach(tp).map_err(|e| {
-                permission(
-                    &chain(&e),
-                    &format!("attaching {prog} to raw tracepoint {tp}"),
-                )
-            })?;
+                .map_err(|e| permission(&e, &format!("loading {prog}")))?;
+            p.attach(tp)
+                .map_err(|e| permission(&e, &format!("attaching {prog} to raw tracepoint {tp}")))?;
         }
         Ok(Self { ebpf })
     }
@@ -380,18 +372,11 @@ impl Tracer {
     }
 }
 
-/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
-fn raise_memlock() {
-    let rlim = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit only reads the struct we pass; failing is harmless on memcg kernels.
-    let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) };
-}
-
-fn permission(text: &str, what: &str) -> anyhow::Error {
-    if text.contains("Operation not permitted") || text.contains("Permission denied") {
+/// `e` as the error of `what`: [`Unsupported`] (with the advice to run as root) when the
+/// kernel refused for want of privileges (EPERM or EACCES in the error's sources).
+fn permission(e: &(dyn std::error::Error + 'static), what: &str) -> anyhow::Error {
+    let text = chain(e);
+    if crate::bpf::is_permission_error(e) {
         anyhow!(Unsupported(format!(
             "{what}: {text}: run as root (CAP_BPF and CAP_PERFMON)"
         )))
@@ -611,6 +596,20 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    #[test]
+    fn refusals_for_want_of_privileges_are_unsupported_by_errno() {
+        for errno in [libc::EPERM, libc::EACCES] {
+            let e = permission(&std::io::Error::from_raw_os_error(errno), "loading p");
+            assert!(e.downcast_ref::<Unsupported>().is_some(), "{e}");
+            assert!(e.to_string().starts_with("loading p: "), "{e}");
+        }
+        let e = permission(
+            &std::io::Error::from_raw_os_error(libc::EINVAL),
+            "loading p",
+        );
+        assert!(e.downcast_ref::<Unsupported>().is_none(), "{e}");
+    }
     use rdma_trace_common::syscalls::{PHASE_SETUP, PHASE_TEARDOWN};
 
     fn table() -> SyscallTable {

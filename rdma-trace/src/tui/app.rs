@@ -2,6 +2,7 @@
 //! paused or not. Keys come in as [`Key`]s; the drawing code (`draw.rs`) only reads this.
 
 use std::{
+    borrow::Cow,
     collections::{HashMap, VecDeque},
     time::Duration,
 };
@@ -151,12 +152,12 @@ pub struct App {
     pub progress: Progress,
     pub waterfall: Option<WaterfallView>,
     /// Latency over time per probe (by name), for the heat map.
-    pub heat: HashMap<&'static str, Heat>,
+    pub heat: HashMap<Cow<'static, str>, Heat>,
     pub paused: bool,
     /// A line for the status bar (`demo finished — q to quit`).
     pub status: Option<String>,
     /// Name of the selected probe (kept across refreshes).
-    selected: Option<&'static str>,
+    selected: Option<Cow<'static, str>>,
     quit: Option<Key>,
     reset: bool,
 }
@@ -185,13 +186,16 @@ impl App {
             return;
         }
         for r in s.probes.iter().filter(|r| r.skipped.is_none()) {
-            self.heat.entry(r.name).or_default().push(r);
+            self.heat.entry(r.name.clone()).or_default().push(r);
         }
         self.probes = s.probes;
         self.overhead = s.overhead;
         self.waterfall = s.waterfall;
         if self.selected_index().is_none() {
-            self.selected = self.selectable().first().map(|&i| self.probes[i].name);
+            self.selected = self
+                .selectable()
+                .first()
+                .map(|&i| self.probes[i].name.clone());
         }
     }
 
@@ -223,10 +227,10 @@ impl App {
     }
 
     pub fn selected_index(&self) -> Option<usize> {
-        let name = self.selected?;
+        let name = self.selected.as_ref()?;
         self.probes
             .iter()
-            .position(|p| p.name == name && p.skipped.is_none())
+            .position(|p| p.name == *name && p.skipped.is_none())
     }
 
     pub fn selected_probe(&self) -> Option<&ProbeReport> {
@@ -235,7 +239,7 @@ impl App {
 
     /// The selected probe's heat map history.
     pub fn selected_heat(&self) -> Option<&Heat> {
-        self.heat.get(self.selected_probe()?.name)
+        self.heat.get(&self.selected_probe()?.name)
     }
 
     fn step(&mut self, by: isize) {
@@ -249,7 +253,7 @@ impl App {
             .unwrap_or(0) as isize;
         let n = sel.len() as isize;
         let next = sel[((pos + by).rem_euclid(n)) as usize];
-        self.selected = Some(self.probes[next].name);
+        self.selected = Some(self.probes[next].name.clone());
     }
 }
 
@@ -263,7 +267,7 @@ pub(crate) mod tests {
 
     pub fn report(name: &'static str, count: u64, skipped: bool) -> ProbeReport {
         ProbeReport {
-            name,
+            name: name.into(),
             what: "test probe",
             driver: Driver::Network,
             unit: Unit::Nanoseconds,

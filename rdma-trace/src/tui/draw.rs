@@ -92,10 +92,10 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App) {
     let header = Row::new(["probe", "count", "rate/s", "p50", "p99"])
         .style(Style::default().add_modifier(Modifier::BOLD));
     let rows = app.probes.iter().map(|r| match &r.skipped {
-        Some(_) => Row::new([r.name.to_owned(), "skipped".to_owned()])
+        Some(_) => Row::new([r.name.to_string(), "skipped".to_owned()])
             .style(Style::default().fg(Color::DarkGray)),
         None => Row::new([
-            r.name.to_owned(),
+            r.name.to_string(),
             r.count.to_string(),
             format!("{:.0}", r.rate),
             value(r.unit, r.summary.p50),

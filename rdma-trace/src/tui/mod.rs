@@ -1,7 +1,7 @@
 //! The live view: a ratatui screen when stdout is a terminal, text histograms each interval
-//! otherwise (or with `--no-tui`). [`Live::watch`] drives it from tokio: a refresh tick, keys,
-//! the traced command's exit, the duration, and the process's one signal stream
-//! (`crate::signals`: SIGINT, SIGTERM, SIGHUP).
+//! otherwise (or with `--no-tui`). [`Live::watch`] drives it from the one sampling loop
+//! (`crate::window::Waiter`): a refresh tick, keys, the traced command's exit, the duration, and
+//! the process's one signal stream (`crate::signals`: SIGINT, SIGTERM, SIGHUP).
 //!
 //! The terminal is restored when [`Live`] drops (every return path, SIGTERM included), and by
 //! ratatui's panic hook after a panic. In raw mode Ctrl-C arrives as a key and ends the run as
@@ -20,11 +20,11 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use tokio::{process::Child, sync::mpsc};
+use tokio::{process::Child, sync::mpsc, time::MissedTickBehavior};
 
 pub use self::app::{App, Key, Progress, Sample, WaterfallView};
 
-use crate::cmd::Window;
+use crate::window::{End, Waiter, Wake, Window};
 
 /// Default refresh of the screen (4 Hz) and of the text view.
 pub const TUI_INTERVAL: Duration = Duration::from_millis(250);
@@ -114,80 +114,54 @@ impl Live {
         &mut self,
         src: &mut dyn Source,
         duration: Option<Duration>,
-        mut child: Option<&mut Child>,
+        child: Option<&mut Child>,
     ) -> Result<Window> {
-        let start = tokio::time::Instant::now();
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let (ended_by, status) = {
-            let sleep = async {
-                match duration {
-                    Some(d) => tokio::time::sleep(d).await,
-                    None => std::future::pending().await,
+        let mut waiter =
+            Waiter::new(duration, child).every(self.interval, MissedTickBehavior::Skip);
+        let end = loop {
+            // A closed keyboard (stdin gone, no /dev/tty) sends no key: the rest still ends the
+            // window.
+            let key = async {
+                match &mut self.out {
+                    Output::Screen(s) => match s.keys.recv().await {
+                        Some(k) => k,
+                        None => std::future::pending().await,
+                    },
+                    _ => std::future::pending().await,
                 }
             };
-            let child_exit = async {
-                match child.as_deref_mut() {
-                    Some(c) => c.wait().await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::pin!(sleep, child_exit);
-            loop {
-                let key = async {
-                    match &mut self.out {
-                        Output::Screen(s) => s.keys.recv().await,
-                        _ => std::future::pending().await,
+            match waiter.next(key).await? {
+                Wake::End(end) => break end,
+                Wake::Tick => {
+                    let s = src.sample(waiter.elapsed())?;
+                    self.app.update(s);
+                    self.render()?;
+                    if let Some(why) = src.finished() {
+                        break End::Caller(why);
                     }
-                };
-                tokio::select! {
-                    () = &mut sleep => break ("duration", None),
-                    r = &mut child_exit => break ("command", Some(r.context("waiting for the command")?)),
-                    s = crate::signals::stopped() => break (s.ended_by(), None),
-                    _ = tick.tick() => {
-                        let s = src.sample(start.elapsed())?;
+                }
+                Wake::Event(k) => {
+                    self.app.key(k);
+                    match self.app.quit() {
+                        Some(Key::Quit) => break End::Caller("quit"),
+                        Some(_) => break End::Caller("interrupted"),
+                        None => {}
+                    }
+                    if self.app.take_reset() {
+                        src.reset()?;
+                        let s = src.sample(waiter.elapsed())?;
                         self.app.update(s);
-                        self.render()?;
-                        if let Some(why) = src.finished() {
-                            break (why, None);
-                        }
                     }
-                    Some(k) = key => {
-                        self.app.key(k);
-                        match self.app.quit() {
-                            Some(Key::Quit) => break ("quit", None),
-                            Some(_) => break ("interrupted", None),
-                            None => {}
-                        }
-                        if self.app.take_reset() {
-                            src.reset()?;
-                            let s = src.sample(start.elapsed())?;
-                            self.app.update(s);
-                        }
-                        self.render()?;
-                    }
+                    self.render()?;
                 }
             }
         };
-        if status.is_none()
-            && let Some(c) = child
-        {
-            let _ = c.start_kill();
-            let _ = c.wait().await;
-        }
+        waiter.stop_child(end).await;
         // A last refresh so the screen shows the final counts.
-        if let Ok(s) = src.sample(start.elapsed()) {
+        if let Ok(s) = src.sample(waiter.elapsed()) {
             self.app.update(s);
         }
-        let command_status = status.map(|s| {
-            use std::os::unix::process::ExitStatusExt as _;
-            s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
-        });
-        Ok(Window {
-            seconds: start.elapsed().as_secs_f64(),
-            ended_by,
-            command_status,
-        })
+        Ok(waiter.window(end))
     }
 
     /// After the last window, on the screen: show `status` and wait for `q` (or a stop
@@ -198,25 +172,26 @@ impl Live {
         }
         self.app.status = Some(format!("{status} — q to quit"));
         self.render()?;
+        // Neither a duration nor a command: only a key or a stop signal ends this wait.
+        let mut waiter = Waiter::new(None, None);
         loop {
             let Output::Screen(s) = &mut self.out else {
                 return Ok(false);
             };
-            tokio::select! {
-                k = s.keys.recv() => match k {
-                    // No keyboard (stdin closed, no /dev/tty): nothing to wait for.
-                    None => return Ok(false),
-                    Some(k) => {
-                        self.app.key(k);
-                        match self.app.quit() {
-                            Some(Key::Quit) => return Ok(false),
-                            Some(_) => return Ok(true),
-                            None => {}
-                        }
-                        self.render()?;
+            match waiter.next(s.keys.recv()).await? {
+                // No keyboard (stdin closed, no /dev/tty): nothing to wait for.
+                Wake::Event(None) => return Ok(false),
+                Wake::Event(Some(k)) => {
+                    self.app.key(k);
+                    match self.app.quit() {
+                        Some(Key::Quit) => return Ok(false),
+                        Some(_) => return Ok(true),
+                        None => {}
                     }
-                },
-                _ = crate::signals::stopped() => return Ok(true),
+                    self.render()?;
+                }
+                Wake::End(_) => return Ok(true),
+                Wake::Tick => {}
             }
         }
     }

@@ -12,11 +12,11 @@ pub mod topology;
 
 use std::{cell::RefCell, path::Path};
 
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
-    Ebpf, EbpfLoader,
-    maps::{Array, MapData, PerCpuArray, RingBuf},
-    programs::{KProbe, TracePoint},
+    Ebpf,
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    programs::{KProbe, RawTracePoint, TracePoint},
 };
 use rdma_trace_common::waterfall::{
     CLASS_UNKNOWN, WF_CPUS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfHist, WfSample, WfThread,
@@ -24,42 +24,22 @@ use rdma_trace_common::waterfall::{
 
 pub use self::model::{Snapshot, WaterfallReport};
 use self::{btf::Btf, topology::Topology};
-use crate::{bpf::chain, error::Unsupported, hist::Histogram};
+use crate::{
+    bpf::chain,
+    error::Unsupported,
+    hist::Histogram,
+    kernel::{Kernel, format_offset},
+};
 
-/// The tracefs format file of `event` (`sched/sched_switch`), from the usual mount points.
-fn tracefs_format(event: &str) -> Result<String> {
-    for root in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
-        if let Ok(s) = std::fs::read_to_string(format!("{root}/events/{event}/format")) {
-            return Ok(s);
-        }
-    }
-    Err(anyhow!(Unsupported(format!(
-        "no tracefs format file for {event} (is tracefs mounted at /sys/kernel/tracing?)"
-    ))))
-}
-
-/// Offset of `field` in a tracepoint record, from its tracefs format text.
-pub fn format_offset(format: &str, field: &str) -> Option<u32> {
-    format.lines().find_map(|line| {
-        let decl = line.split("field:").nth(1)?.split(';').next()?;
-        let name = decl.split_whitespace().last()?;
-        let name = name.split('[').next()?.trim_start_matches('*');
-        if name != field {
-            return None;
-        }
-        line.split("offset:")
-            .nth(1)?
-            .split(';')
-            .next()?
-            .trim()
-            .parse()
-            .ok()
-    })
-}
-
-fn need_offset(event: &str, field: &str) -> Result<u32> {
-    let f = tracefs_format(event)?;
-    format_offset(&f, field).with_context(|| format!("tracepoint {event} has no field {field}"))
+/// Offset of `field` in tracepoint `event`'s records (`sched/sched_switch`), from tracefs.
+fn need_offset(kernel: &Kernel, event: &str, field: &str) -> Result<u32> {
+    let format = kernel.event_format(event).ok_or_else(|| {
+        anyhow!(Unsupported(format!(
+            "no tracefs format file for {event} (is tracefs mounted at /sys/kernel/tracing?)"
+        )))
+    })?;
+    format_offset(&format, field)
+        .with_context(|| format!("tracepoint {event} has no field {field}"))
 }
 
 /// Offsets of `struct file`'s `private_data` and of the completion channel's `ev_queue`, from
@@ -122,12 +102,13 @@ impl Waterfall {
     pub fn start(sample: usize, timeline: usize) -> Result<Waterfall> {
         let root = Path::new("/");
         let (file_private_data, ev_queue) = btf_offsets(root)?;
+        let kernel = Kernel::at(root);
         let cfg = WfConfig {
             file_private_data,
             ev_queue,
-            waking_pid: need_offset("sched/sched_waking", "pid")?,
-            waking_target_cpu: need_offset("sched/sched_waking", "target_cpu")?,
-            switch_next_pid: need_offset("sched/sched_switch", "next_pid")?,
+            waking_pid: need_offset(&kernel, "sched/sched_waking", "pid")?,
+            waking_target_cpu: need_offset(&kernel, "sched/sched_waking", "target_cpu")?,
+            switch_next_pid: need_offset(&kernel, "sched/sched_switch", "next_pid")?,
             _pad: 0,
             // With a timeline every event goes through the ring (drained at each refresh).
             sample_max: if timeline > 0 {
@@ -141,11 +122,10 @@ impl Waterfall {
             .max(if timeline > 0 { TIMELINE_RING_BYTES } else { 0 })
             .next_power_of_two()
             .clamp(4096, 1 << 28) as u32;
-        let mut ebpf = EbpfLoader::new()
-            .override_global("WF_CONFIG", &cfg, true)
-            .map_max_entries("WF_SAMPLES", ring)
-            .load(crate::bpf::OBJECT)
-            .map_err(|e| anyhow!("loading the eBPF object for the waterfall: {}", chain(&e)))?;
+        let mut ebpf = crate::bpf::load_object("the eBPF object for the waterfall", |l| {
+            l.override_global("WF_CONFIG", &cfg, true)
+                .map_max_entries("WF_SAMPLES", ring)
+        })?;
         let topology = Topology::read(root);
         {
             let mut classes: Array<&mut MapData, u32> = Array::try_from(
@@ -220,7 +200,47 @@ impl Waterfall {
                 skipped,
             });
         }
+        // mlx5: the completion IRQ that runs before the callback on the same CPU is an earlier
+        // T0. The program is always loaded (so the verifier checks it everywhere), and attached
+        // where such IRQs exist.
+        let irqs = mlx5_completion_irqs(&crate::kernel::Kernel::live().interrupts());
+        let skipped = wf.mlx5_irq(&irqs).err().map(|e| format!("{e:#}"));
+        wf.notes.push(AttachNote {
+            program: "wf_mlx5_irq",
+            target: "raw_tp irq_handler_entry (mlx5 completion IRQs)".to_owned(),
+            skipped,
+        });
         Ok(wf)
+    }
+
+    /// Load `wf_mlx5_irq`; with completion IRQs `irqs`, list them and attach it.
+    fn mlx5_irq(&mut self, irqs: &[u32]) -> Result<()> {
+        let p: &mut RawTracePoint = self
+            .ebpf
+            .program_mut("wf_mlx5_irq")
+            .context("program wf_mlx5_irq is not in the eBPF object")?
+            .try_into()?;
+        p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
+        if irqs.is_empty() {
+            bail!("no mlx5 completion IRQ (mlx5_comp*) in /proc/interrupts");
+        }
+        let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(
+            self.ebpf
+                .map_mut("WF_T0_IRQS")
+                .context("map WF_T0_IRQS is not in the eBPF object")?,
+        )?;
+        for &irq in irqs {
+            map.insert(irq, 1, 0)
+                .map_err(|e| anyhow!("filling WF_T0_IRQS: {}", chain(&e)))?;
+        }
+        let p: &mut RawTracePoint = self
+            .ebpf
+            .program_mut("wf_mlx5_irq")
+            .context("program wf_mlx5_irq is not in the eBPF object")?
+            .try_into()?;
+        p.attach("irq_handler_entry")
+            .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
+        Ok(())
     }
 
     fn kprobe(&mut self, prog: &str, function: &str) -> Result<()> {
@@ -407,6 +427,24 @@ impl Waterfall {
     }
 }
 
+/// IRQ numbers of mlx5's completion vectors: the IRQs the probe table's mlx5 IRQ rows match.
+pub fn mlx5_completion_irqs(interrupts: &[(u32, String)]) -> Vec<u32> {
+    use crate::probes::{Driver, PROBES, Shape};
+    let patterns: Vec<_> = PROBES
+        .iter()
+        .filter(|p| p.driver == Driver::Mlx5)
+        .filter_map(|p| match &p.shape {
+            Shape::Irq { patterns } => Some(patterns),
+            _ => None,
+        })
+        .collect();
+    interrupts
+        .iter()
+        .filter(|(_, name)| patterns.iter().any(|p| p.matches(name)))
+        .map(|&(n, _)| n)
+        .collect()
+}
+
 /// The waterfall for `run`, or `None` with a line saying why not.
 pub fn start_or_explain(off: bool, sample: usize, timeline: usize) -> Option<Waterfall> {
     if off {
@@ -505,45 +543,21 @@ fn comm(raw: &[u8; 16]) -> String {
 mod tests {
     use super::*;
 
-    const SWITCH_6_1: &str = "name: sched_switch
-ID: 316
-format:
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
-\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
-\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
-\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
-
-\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;
-\tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;
-\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;
-\tfield:long prev_state;\toffset:32;\tsize:8;\tsigned:1;
-\tfield:char next_comm[16];\toffset:40;\tsize:16;\tsigned:0;
-\tfield:pid_t next_pid;\toffset:56;\tsize:4;\tsigned:1;
-\tfield:int next_prio;\toffset:60;\tsize:4;\tsigned:1;
-";
-
-    const WAKING_6_1: &str = "name: sched_waking
-format:
-\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
-\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;
-\tfield:pid_t pid;\toffset:24;\tsize:4;\tsigned:1;
-\tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;
-\tfield:int target_cpu;\toffset:32;\tsize:4;\tsigned:1;
-";
-
     #[test]
-    fn tracepoint_offsets_from_format_files() {
-        assert_eq!(format_offset(SWITCH_6_1, "next_pid"), Some(56));
-        assert_eq!(format_offset(SWITCH_6_1, "prev_pid"), Some(24));
-        assert_eq!(format_offset(SWITCH_6_1, "next_comm"), Some(40));
-        assert_eq!(
-            format_offset(SWITCH_6_1, "pid"),
-            None,
-            "common_pid is not pid"
-        );
-        assert_eq!(format_offset(WAKING_6_1, "pid"), Some(24));
-        assert_eq!(format_offset(WAKING_6_1, "target_cpu"), Some(32));
-        assert_eq!(format_offset("garbage", "pid"), None);
+    fn mlx5_completion_irqs_are_the_comp_vectors_not_the_async_one() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/mlx5-6.12/proc/interrupts"
+        ))
+        .expect("fixture");
+        let irqs = crate::kernel::parse_interrupts(&text);
+        assert_eq!(mlx5_completion_irqs(&irqs), [121, 122]);
+        let rxe_guest = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/irdma-6.12/proc/interrupts"
+        ))
+        .expect("fixture");
+        assert!(mlx5_completion_irqs(&crate::kernel::parse_interrupts(&rxe_guest)).is_empty());
     }
 
     #[test]

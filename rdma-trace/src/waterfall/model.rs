@@ -525,16 +525,10 @@ pub fn explain(
 
 #[cfg(test)]
 mod tests {
-    use rdma_trace_common::{HIST_SLOTS, hist_slot};
-
     use super::*;
 
     fn hist(values: &[u64]) -> Histogram {
-        let mut slots = vec![0; HIST_SLOTS as usize];
-        for &v in values {
-            slots[hist_slot(v) as usize] += 1;
-        }
-        Histogram::from_slots(slots)
+        Histogram::of_values(values)
     }
 
     /// A thread with woken events (wake, runq, read) and awake ones.

@@ -3,38 +3,18 @@
 //! detaches kprobes while traffic runs, which has crashed the 6.1 guest kernel under QEMU TCG
 //! (README, "What does not work").
 
-use std::process::Command;
-
-use serde_json::Value;
-
-use super::{RDMA_TRACE, read_json, temp_json};
-
-fn run(args: &[&str], name: &str) -> (String, String, Value) {
-    let json = temp_json(name);
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--no-tui"])
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run rdma-trace run");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "rdma-trace run failed ({}):\n{stderr}",
-        out.status
-    );
-    (stdout, stderr, read_json(&json))
-}
+use super::harness::run_json;
 
 #[test]
 fn run_reports_the_estimate_and_the_minimal_preset_attaches_fewer_probes() {
-    let (stdout, _, report) = run(
-        &["--mode", "poll", "-i", "300", "--probes", "minimal"],
+    let run = run_json(
+        &[
+            "run", "--no-tui", "--mode", "poll", "-i", "300", "--probes", "minimal",
+        ],
         "budget-minimal",
     );
-    let phase = &report["phases"][0];
+    run.assert_success("rdma-trace run");
+    let (stdout, phase) = (&run.stdout, &run.report["phases"][0]);
     let attached: Vec<&str> = phase["probes"]
         .as_array()
         .unwrap()

@@ -11,8 +11,9 @@ use std::{
 };
 
 use super::{
-    RDMA_TRACE, RestoreRxe, delete_testbed_devices, demo_processes, read_json, temp_json,
-    wait_timeout,
+    RDMA_TRACE, RestoreRxe, delete_testbed_devices, demo_processes,
+    harness::{KillOnDrop, rdma_trace, run_json, run_json_with},
+    try_wait_timeout, wait_timeout,
 };
 
 const KPROBE_LIST: &str = "/sys/kernel/debug/kprobes/list";
@@ -153,19 +154,27 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGKILL] {
         for moment in moments {
             let case = format!("signal {sig} at {moment:?}");
-            let mut child = Command::new(RDMA_TRACE)
-                .args(["run", "--mode", "event", "--no-tui", "--interval", "0.5"])
-                .args(["-i", "1000000"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("start rdma-trace run");
-            let mut err_pipe = child.stderr.take().unwrap();
-            let stderr = std::thread::spawn(move || {
-                let mut s = String::new();
-                let _ = err_pipe.read_to_string(&mut s);
-                s
-            });
+            let mut child = KillOnDrop::spawn(
+                Command::new(RDMA_TRACE)
+                    .args(["run", "--mode", "event", "--no-tui", "--interval", "0.5"])
+                    .args(["-i", "1000000"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped()),
+            );
+            let err_pipe = child.stderr.take().unwrap();
+            // What rdma-trace said so far, readable while it runs (a failure shows it).
+            let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+            let stderr = {
+                let said = said.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(err_pipe).lines().map_while(Result::ok) {
+                        let mut s = said.lock().unwrap();
+                        s.push_str(&line);
+                        s.push('\n');
+                    }
+                    said.lock().unwrap().clone()
+                })
+            };
             let (tx, blocks) = mpsc::channel();
             let out_pipe = child.stdout.take().unwrap();
             std::thread::spawn(move || {
@@ -211,7 +220,13 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
             let caught = catches(child.id(), sig);
             // SAFETY: kill sends a signal to the child we started.
             assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0, "{case}");
-            let status = wait_timeout(&mut child, Duration::from_secs(60));
+            let status = match try_wait_timeout(&mut child, Duration::from_secs(60)) {
+                Some(s) => s,
+                None => panic!(
+                    "{case}: rdma-trace did not end within 60 s of the signal; its stderr so far:\n{}",
+                    said.lock().unwrap()
+                ),
+            };
             let stderr = stderr.join().unwrap();
             let removed =
                 stderr.contains("removed the leftover temporary Soft-RoCE device rdmatrace0");
@@ -276,11 +291,8 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
         !stale.is_empty(),
         "the run SIGKILLed during its live view left its private directory"
     );
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--mode", "poll", "--no-tui", "-i", "20"])
-        .output()
-        .expect("run rdma-trace run");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = rdma_trace(&["run", "--mode", "poll", "--no-tui", "-i", "20"]);
+    let stderr = &out.stderr;
     assert!(out.status.success(), "{stderr}");
     assert_eq!(
         stderr.contains("removed the leftover temporary Soft-RoCE device rdmatrace0"),
@@ -299,17 +311,22 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
 /// `run --duration` stops the demo when the window ends: a success, every phase reported.
 #[test]
 fn run_duration_ends_each_phase_successfully() {
-    let json = temp_json("duration-both");
     let start = Instant::now();
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--duration", "2", "--mode", "both", "--no-tui"])
-        .args(["-i", "1000000", "--json"])
-        .arg(&json)
-        .output()
-        .expect("run rdma-trace run --duration");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let run = run_json(
+        &[
+            "run",
+            "--duration",
+            "2",
+            "--mode",
+            "both",
+            "--no-tui",
+            "-i",
+            "1000000",
+        ],
+        "duration-both",
+    );
+    assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
+    let stdout = &run.stdout;
     for mode in ["Poll", "Event"] {
         assert!(
             stdout.contains(&format!("===== mode {mode}:")),
@@ -317,7 +334,7 @@ fn run_duration_ends_each_phase_successfully() {
         );
     }
     assert!(stdout.contains("stopped after --duration"), "{stdout}");
-    let report = read_json(&json);
+    let report = &run.report;
     let phases = report["phases"].as_array().expect("phases");
     assert_eq!(phases.len(), 2, "{report}");
     for p in phases {
@@ -352,21 +369,21 @@ d=$(dirname "$json")
 printf '%s\n%s\n%s\n' "$json" "$(stat -c %a "$d")" "$(stat -c %U "$d")" > "$FAKE_LOG"
 echo '{"fake": true}' > "$json""#,
     );
-    let json = temp_json("private-dir");
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--mode", "poll", "--no-tui", "--demo"])
-        .arg(&fake)
-        .arg("--json")
-        .arg(&json)
-        .env("TMPDIR", &tmp)
-        .env("FAKE_LOG", &log)
-        .output()
-        .expect("run rdma-trace run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let run = run_json_with(
+        Command::new(RDMA_TRACE)
+            .env("TMPDIR", &tmp)
+            .env("FAKE_LOG", &log),
+        &[
+            "run",
+            "--mode",
+            "poll",
+            "--no-tui",
+            "--demo",
+            fake.to_str().unwrap(),
+        ],
+        "private-dir",
     );
+    run.assert_success("rdma-trace run");
     let logged = std::fs::read_to_string(&log).expect("the fake demo ran");
     let mut lines = logged.lines();
     let demo_json = PathBuf::from(lines.next().unwrap());
@@ -380,7 +397,7 @@ echo '{"fake": true}' > "$json""#,
     );
     assert_eq!(mode, "700", "the demo's directory is private");
     assert_eq!(owner, "root");
-    let report = read_json(&json);
+    let report = &run.report;
     assert_eq!(report["phases"][0]["demo"]["fake"], true, "{report}");
     assert_eq!(
         std::fs::read_dir(&tmp).unwrap().count(),
@@ -398,13 +415,9 @@ echo '{"fake": true}' > "$json""#,
 fn verify_reports_a_failing_demo_with_its_own_exit_code() {
     let fake = PathBuf::from(format!("/tmp/rdma-trace-exit4-{}.demo", std::process::id()));
     script(&fake, "echo 'port 1 of rxe1 has no GID 9' >&2; exit 4");
-    let out = Command::new(RDMA_TRACE)
-        .args(["verify", "--demo-binary"])
-        .arg(&fake)
-        .output()
-        .expect("run rdma-trace verify");
+    let out = rdma_trace(&["verify", "--demo-binary", fake.to_str().unwrap()]);
     let _ = std::fs::remove_file(&fake);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = &out.stderr;
     assert_eq!(out.status.code(), Some(5), "{stderr}");
     assert!(
         stderr.contains("rdma-demo failed with status 4 (port or GID)"),
@@ -420,18 +433,15 @@ fn verify_reports_a_failing_demo_with_its_own_exit_code() {
 #[test]
 fn run_refuses_a_bad_json_path_before_attaching() {
     let before = bpf_programs();
-    let out = Command::new(RDMA_TRACE)
-        .args([
-            "run",
-            "--no-tui",
-            "-i",
-            "20",
-            "--json",
-            "/nonexistent/dir/r.json",
-        ])
-        .output()
-        .expect("run rdma-trace run");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = rdma_trace(&[
+        "run",
+        "--no-tui",
+        "-i",
+        "20",
+        "--json",
+        "/nonexistent/dir/r.json",
+    ]);
+    let stderr = &out.stderr;
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains("/nonexistent/dir"), "{stderr}");

@@ -4,7 +4,10 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use super::{RDMA_TRACE, read_json, temp_json};
+use super::{
+    RDMA_TRACE,
+    harness::{demo_cq_events, run_json, run_json_with},
+};
 
 /// `a` within 1 % of `b` (and both positive).
 fn within_1pct(a: f64, b: f64) -> bool {
@@ -73,29 +76,13 @@ fn check_partition(who: &str, w: &Value) {
     assert_eq!(on_cpu, events, "{who}: {}", w["waiter_cpus"]);
 }
 
-fn run(args: &[&str], name: &str) -> (Value, String) {
-    let json = temp_json(name);
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--no-tui"])
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run rdma-trace run");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "rdma-trace run failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (read_json(&json), stdout)
-}
-
 #[test]
 fn waterfall_stages_add_up_and_each_thread_gets_its_own_cq_events() {
     let iters = 300;
-    let (report, stdout) = run(
+    let run = run_json(
         &[
+            "run",
+            "--no-tui",
             "--mode",
             "both",
             "-i",
@@ -105,6 +92,8 @@ fn waterfall_stages_add_up_and_each_thread_gets_its_own_cq_events() {
         ],
         "waterfall-both",
     );
+    run.assert_success("rdma-trace run");
+    let (report, stdout) = (&run.report, &run.stdout);
     let (poll, event) = (&report["phases"][0], &report["phases"][1]);
     assert!(
         processes(poll).is_empty(),
@@ -195,20 +184,13 @@ fn waterfall_stages_add_up_and_each_thread_gets_its_own_cq_events() {
 fn waterfall_of_a_pinned_demo_shows_its_cpu_for_every_on_cpu_stage() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let cpu = (cpus - 1).to_string();
-    let json = temp_json("waterfall-pinned");
-    let out = Command::new("taskset")
-        .args(["-c", &cpu, RDMA_TRACE, "run", "--no-tui", "--mode", "event"])
-        .args(["-i", "200", "--json"])
-        .arg(&json)
-        .output()
-        .expect("taskset rdma-trace run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let run = run_json_with(
+        Command::new("taskset").args(["-c", &cpu, RDMA_TRACE]),
+        &["run", "--no-tui", "--mode", "event", "-i", "200"],
+        "waterfall-pinned",
     );
-    let report = read_json(&json);
-    let phase = &report["phases"][0];
+    run.assert_success("taskset rdma-trace run");
+    let phase = &run.report["phases"][0];
     let p = &processes(phase)[0];
     check_partition("the pinned demo", p);
     let events = u(&p["events"]);
@@ -240,23 +222,19 @@ wait
 "#,
     )
     .expect("script");
-    let json = temp_json("waterfall-three");
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--no-tui", "--json"])
-        .arg(&json)
-        .arg("--")
-        .arg("sh")
-        .arg(&script)
-        .arg(&dir)
-        .output()
-        .expect("rdma-trace run -- sh three.sh");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
+    let run = run_json(
+        &[
+            "run",
+            "--no-tui",
+            "--",
+            "sh",
+            script.to_str().unwrap(),
+            dir.to_str().unwrap(),
+        ],
+        "waterfall-three",
     );
-    let report = read_json(&json);
+    run.assert_success("rdma-trace run -- sh three.sh");
+    let report = &run.report;
     let procs = report["waterfall"]["processes"]
         .as_array()
         .expect("waterfall processes");
@@ -270,12 +248,7 @@ wait
             .expect("pid");
         let demo: Value =
             serde_json::from_slice(&std::fs::read(&base).expect("demo JSON")).expect("JSON");
-        let cq_events: u64 = demo["reports"]
-            .as_array()
-            .expect("reports")
-            .iter()
-            .map(|r| u(&r["cq_events"]))
-            .sum();
+        let cq_events = demo_cq_events(&demo);
         let p = procs
             .iter()
             .find(|p| p["pid"] == pid)

@@ -3,14 +3,17 @@
 
 use std::{
     collections::HashMap,
-    io::{BufRead as _, BufReader},
     process::{Command, Stdio},
     time::Duration,
 };
 
 use serde_json::Value;
 
-use super::{RDMA_TRACE, kprobes_left, read_json, roce_v2_gid_index, temp_json, wait_timeout};
+use super::{
+    RDMA_TRACE,
+    harness::{KillOnDrop, probe, rdma_trace, run_json, signal, wait_tracing},
+    kprobes_left, read_json, roce_v2_gid_index, temp_json, wait_timeout,
+};
 
 /// A shell line that waits (up to 60 s) until a TCP socket listens on `port`.
 fn wait_port(port: u16) -> String {
@@ -58,30 +61,16 @@ fn send_lat_pair(event: bool, iters: u32, port: u16) -> String {
 
 /// `rdma-trace run --no-tui --json J [extra] -- sh -c CMD`: (status, stdout, report).
 fn run_cmd(extra: &[&str], cmd: &str, name: &str) -> (Option<i32>, String, Value) {
-    let json = temp_json(name);
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--no-tui", "--json", json.to_str().unwrap()])
-        .args(extra)
-        .args(["--", "sh", "-c", cmd])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run rdma-trace");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        json.exists(),
-        "no report; stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_json(
+        &[&["run", "--no-tui"], extra, &["--", "sh", "-c", cmd]].concat(),
+        name,
     );
-    (out.status.code(), stdout, read_json(&json))
+    assert!(!out.report.is_null(), "no report; stderr: {}", out.stderr);
+    (out.status.code(), out.stdout, out.report)
 }
 
 fn probe_count(report: &Value, name: &str) -> u64 {
-    let p = report["probes"]
-        .as_array()
-        .expect("probes")
-        .iter()
-        .find(|p| p["name"] == name)
-        .unwrap_or_else(|| panic!("no probe {name}"));
+    let p = probe(report, name);
     assert!(p["skipped"].is_null(), "{name} skipped: {}", p["skipped"]);
     p["count"].as_u64().expect("count")
 }
@@ -230,25 +219,23 @@ fn pid_counts_the_completion_events_of_a_running_event_mode_server() {
     // rdma-trace traces.
     let (iters, port) = (300, 18_605);
     let (program, server_args, client_args) = pid_pair(iters, port);
-    let mut server = Command::new(program)
-        .args(&server_args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start the {program} server: {e}"));
+    let mut server = KillOnDrop::spawn(
+        Command::new(program)
+            .args(&server_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
     super::wait_listening(port);
     let json = temp_json("pid");
-    let tracer = Command::new(RDMA_TRACE)
-        .args(["run", "--no-tui", "--json", json.to_str().unwrap()])
-        .args(["--pid", &server.id().to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rdma-trace");
-    // Killed if the test fails, so that its probes do not outlive it.
-    let mut tracer = KillOnDrop(tracer);
+    let mut tracer = KillOnDrop::spawn(
+        Command::new(RDMA_TRACE)
+            .args(["run", "--no-tui", "--json", json.to_str().unwrap()])
+            .args(["--pid", &server.id().to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
     // Attached once it says what it traces.
-    let mut err = wait_tracing(&mut tracer.0);
+    let mut err = wait_tracing(&mut tracer);
     let client = Command::new("timeout")
         .arg("180")
         .arg(program)
@@ -263,7 +250,7 @@ fn pid_counts_the_completion_events_of_a_running_event_mode_server() {
     );
     assert!(wait_timeout(&mut server, Duration::from_secs(120)).success());
     // The server exited: the run ends, non-zero, saying so in one line.
-    let status = wait_timeout(&mut tracer.0, Duration::from_secs(120));
+    let status = wait_timeout(&mut tracer, Duration::from_secs(120));
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
     assert_eq!(status.code(), Some(1), "{rest}");
@@ -282,40 +269,16 @@ fn pid_counts_the_completion_events_of_a_running_event_mode_server() {
     assert!(probe_count(&report, "ib_uverbs_comp_handler") >= read);
 }
 
-/// A child that is killed (and reaped) when dropped, also when a test fails.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Wait until a spawned rdma-trace (stderr piped) says it traces; returns the rest of stderr.
-fn wait_tracing(tracer: &mut std::process::Child) -> BufReader<std::process::ChildStderr> {
-    let mut err = BufReader::new(tracer.stderr.take().expect("piped stderr"));
-    let mut line = String::new();
-    while !line.starts_with("rdma-trace: tracing ") {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).expect("stderr") > 0,
-            "rdma-trace ended early"
-        );
-    }
-    err
-}
-
 #[test]
 fn all_traces_every_process_until_ctrl_c() {
     let json = temp_json("all");
-    let mut tracer = Command::new(RDMA_TRACE)
-        .args(["run", "--no-tui", "--all", "--duration", "600"])
-        .args(["--json", json.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rdma-trace");
+    let mut tracer = KillOnDrop::spawn(
+        Command::new(RDMA_TRACE)
+            .args(["run", "--no-tui", "--all", "--duration", "600"])
+            .args(["--json", json.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
     let mut err = wait_tracing(&mut tracer);
     let load = Command::new("sh")
         .args(["-c", &rc_pingpong_pair(true, 300, 18_606)])
@@ -323,9 +286,7 @@ fn all_traces_every_process_until_ctrl_c() {
         .expect("run the load");
     assert!(load.success(), "the ping-pong pair failed: {load}");
     // kill(1) sends SIGINT, as Ctrl-C does.
-    let _ = Command::new("kill")
-        .args(["-INT", &tracer.id().to_string()])
-        .status();
+    let _ = signal(&tracer, "-INT");
     let status = wait_timeout(&mut tracer, Duration::from_secs(60));
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
@@ -350,11 +311,8 @@ fn all_traces_every_process_until_ctrl_c() {
 
 #[test]
 fn a_pid_that_does_not_exist_fails_before_attaching() {
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--no-tui", "--pid", "4194304"])
-        .output()
-        .expect("run rdma-trace");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let out = rdma_trace(&["run", "--no-tui", "--pid", "4194304"]);
+    let err = &out.stderr;
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--pid 4194304: no such process"), "{err}");
@@ -511,12 +469,15 @@ fn timeline_of_an_event_pair_is_valid_nested_and_bounded() {
 
 #[test]
 fn an_unwritable_timeline_fails_before_attaching() {
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--no-tui", "--timeline", "/proc/version/trace.json"])
-        .args(["--", "true"])
-        .output()
-        .expect("run rdma-trace");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let out = rdma_trace(&[
+        "run",
+        "--no-tui",
+        "--timeline",
+        "/proc/version/trace.json",
+        "--",
+        "true",
+    ]);
+    let err = &out.stderr;
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("cannot write there"), "{err}");
@@ -526,26 +487,27 @@ fn an_unwritable_timeline_fails_before_attaching() {
 #[test]
 fn timeline_of_the_demo_run_names_the_demo_threads() {
     let path = temp_json("timeline-demo");
-    let json = temp_json("timeline-demo-report");
-    let out = Command::new(RDMA_TRACE)
-        .args(["run", "--no-tui", "--mode", "event", "-i", "200"])
-        .args(["--timeline", path.to_str().unwrap()])
-        .args(["--json", json.to_str().unwrap()])
-        .output()
-        .expect("run rdma-trace");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let run = run_json(
+        &[
+            "run",
+            "--no-tui",
+            "--mode",
+            "event",
+            "-i",
+            "200",
+            "--timeline",
+            path.to_str().unwrap(),
+        ],
+        "timeline-demo-report",
     );
+    run.assert_success("rdma-trace run");
     let doc: Value =
         serde_json::from_slice(&std::fs::read(&path).expect("timeline file")).expect("JSON");
     let _ = std::fs::remove_file(&path);
     let slices = check_trace_events(&doc);
     assert!(slices.iter().any(|(n, _, _)| n == "ib_uverbs_comp_handler"));
-    let report = read_json(&json);
     assert_eq!(
-        report["timeline"]["track_slices"].as_u64().unwrap(),
+        run.report["timeline"]["track_slices"].as_u64().unwrap(),
         slices.len() as u64
     );
     assert!(

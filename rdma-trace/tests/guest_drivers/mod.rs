@@ -7,7 +7,7 @@ use std::{collections::HashMap, process::Command};
 
 use serde_json::Value;
 
-use super::RDMA_TRACE;
+use super::harness::rdma_trace;
 
 /// Driver roots of the image, by the driver path their rows belong to.
 const ROOTS: [(&str, &str); 4] = [
@@ -74,18 +74,10 @@ fn release() -> String {
 
 /// Rows by name from `rdma-trace probes --all-drivers --check --json`.
 fn check_all() -> HashMap<String, Value> {
-    let out = Command::new(RDMA_TRACE)
-        .args(["probes", "--all-drivers", "--check", "--json"])
-        .output()
-        .expect("rdma-trace probes");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "probes --check failed ({:?}): {}\n{stdout}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let out = rdma_trace(&["probes", "--all-drivers", "--check", "--json"]);
+    out.assert_success("probes --check");
+    let stdout = &out.stdout;
+    let v: Value = serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     v["rows"]
         .as_array()
         .unwrap()
@@ -209,12 +201,9 @@ fn driver_rows_attach_on_the_kernels_own_modules_or_name_the_kernel_fact() {
 
 #[test]
 fn probes_lists_the_drivers_rows_without_attaching_and_filters_by_driver() {
-    let out = Command::new(RDMA_TRACE)
-        .args(["probes", "--driver", "irdma", "--json"])
-        .output()
-        .expect("rdma-trace probes");
-    assert!(out.status.success(), "{out:?}");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = rdma_trace(&["probes", "--driver", "irdma", "--json"]);
+    out.assert_success("rdma-trace probes --driver irdma");
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
     let rows = v["rows"].as_array().unwrap();
     assert!(!rows.is_empty());
     assert!(
@@ -229,10 +218,7 @@ fn probes_lists_the_drivers_rows_without_attaching_and_filters_by_driver() {
     if !std::path::Path::new("/sys/module/irdma").exists() {
         assert_eq!(r["skipped"]["kind"], "module_not_loaded", "{r:#}");
     }
-    let bad = Command::new(RDMA_TRACE)
-        .args(["probes", "--driver", "mlx4"])
-        .output()
-        .unwrap();
+    let bad = rdma_trace(&["probes", "--driver", "mlx4"]);
     assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("mlx5"));
+    assert!(bad.stderr.contains("mlx5"));
 }

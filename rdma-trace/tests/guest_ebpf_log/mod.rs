@@ -1,9 +1,7 @@
 //! Guest test of the eBPF programs' rare-event messages (aya-log): a provoked unmatched end
 //! reaches the loader's stderr with `-v`, and nothing does without it.
 
-use std::process::Command;
-
-use super::RDMA_TRACE;
+use super::harness::rdma_trace;
 
 /// A `sleep` pinned to CPU 0 enters hrtimer_nanosleep there; moved to CPU 1 while it sleeps,
 /// it returns on CPU 1, whose entry slot holds nothing: an end without its start.
@@ -11,27 +9,18 @@ const MIGRATING_SLEEP: &str =
     "taskset 1 sleep 1 & p=$!; sleep 0.3; taskset -p 2 $p >/dev/null; wait $p";
 
 fn funclat(verbose: bool) -> (String, String) {
-    let mut c = Command::new(RDMA_TRACE);
-    if verbose {
-        c.arg("-v");
-    }
-    let out = c
-        .args([
-            "funclat",
-            "hrtimer_nanosleep",
-            "--",
-            "sh",
-            "-c",
-            MIGRATING_SLEEP,
-        ])
-        .output()
-        .expect("rdma-trace funclat");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    (stdout, stderr)
+    let v: &[&str] = if verbose { &["-v"] } else { &[] };
+    let funclat = [
+        "funclat",
+        "hrtimer_nanosleep",
+        "--",
+        "sh",
+        "-c",
+        MIGRATING_SLEEP,
+    ];
+    let out = rdma_trace(&[v, &funclat].concat());
+    out.assert_success("rdma-trace funclat");
+    (out.stdout, out.stderr)
 }
 
 #[test]

@@ -3,26 +3,27 @@
 //! optional `--timeline`.
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, HashMap},
-    path::Path,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use super::{Args, check_privileges, delta};
+use super::{Args, check_privileges};
 use crate::{
-    bpf::ProbeData,
-    cmd::{Window, write_json},
+    baseline::{Baseline, delta},
+    cmd::write_json,
     kernel::Kernel,
-    overhead::{LoaderUsage, Overhead, ProgramStat},
+    overhead::Overhead,
     plan::Options,
     probes::PROBES,
     report::{ProbeReport, probe_reports, render},
     session::Session,
     timeline,
-    tui::{Live, Progress, Sample, Source},
+    tui::{Sample, Source},
+    window::Window,
     workload::{self, Extra, ProcessCounts, Target},
 };
 
@@ -67,9 +68,9 @@ struct ProcessReport {
     completion_events_read: Option<u64>,
     /// Probe events while one of its threads was current (its syscalls, and softirqs that ran on
     /// its time), by probe.
-    probes: BTreeMap<&'static str, u64>,
+    probes: BTreeMap<Cow<'static, str>, u64>,
     /// Calls of traced kernel functions in its context, by function.
-    calls: BTreeMap<&'static str, u64>,
+    calls: BTreeMap<Cow<'static, str>, u64>,
 }
 
 /// `--timeline` while a run lasts: the file (opened before anything is attached) and the
@@ -237,13 +238,7 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         session.attach_table()
     );
 
-    let json_on_stdout = args.json.as_deref() == Some(Path::new("-"));
-    let mut live = Live::new(
-        "rdma-trace run",
-        !args.no_tui,
-        args.interval,
-        json_on_stdout,
-    );
+    let mut live = super::live_view(args);
     let (mut child, held) = match &target {
         Target::Command(cmd) => {
             let program = workload::resolve_command(&cmd[0])?;
@@ -253,15 +248,15 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         _ => (None, None),
     };
     let (window, probes, overhead) = {
-        let mut src = WorkloadSource::new(
-            &session,
-            label.clone(),
-            target.clone(),
-            wf.as_ref().zip(wf_before.clone()),
-        )?;
+        let mut src = WorkloadSource {
+            session: &session,
+            label: label.clone(),
+            target: target.clone(),
+            base: Baseline::new(&session, wf.as_ref().zip(wf_before.clone()))?,
+        };
         let window = live.watch(&mut src, args.duration, child.as_mut()).await?;
-        let overhead = src.overhead()?;
-        let before = src.phase_before.clone();
+        let overhead = src.base.overhead(&session);
+        let before = src.base.phase_data().clone();
         drop(src);
         let after = session.finish()?;
         let data = delta(&after, &before);
@@ -384,14 +379,14 @@ fn process_reports(session: &Session, target: &Target) -> Result<Vec<ProcessRepo
             .probes
             .iter()
             .find(|p| p.id == id)
-            .map(|p| p.def.name)
+            .map(|p| p.def.name.clone())
     };
     let function = |slot: u32| {
         session
             .plan
             .functions
             .get(slot as usize)
-            .map(|f| f.function)
+            .map(|f| f.function.clone())
     };
     let read_slot = session
         .plan
@@ -440,7 +435,7 @@ fn render_processes(list: &[ProcessReport], target: &Target) -> String {
         out.push_str("  (none)\n");
     }
     for p in list {
-        let mut counts: Vec<(&str, u64)> = p.probes.iter().map(|(k, v)| (*k, *v)).collect();
+        let mut counts: Vec<(&str, u64)> = p.probes.iter().map(|(k, v)| (k.as_ref(), *v)).collect();
         counts.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
         let counts: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
         out.push_str(&format!(
@@ -464,106 +459,18 @@ struct WorkloadSource<'a> {
     session: &'a Session,
     label: String,
     target: Target,
-    phase_before: HashMap<u32, ProbeData>,
-    stats_before: Vec<ProgramStat>,
-    usage_before: LoaderUsage,
-    baseline: HashMap<u32, ProbeData>,
-    baseline_at: Instant,
-    view_stats: Vec<ProgramStat>,
-    view_usage: LoaderUsage,
-    /// The completion waterfall and the live view's baseline of it.
-    wf: Option<(&'a crate::waterfall::Waterfall, crate::waterfall::Snapshot)>,
-}
-
-impl<'a> WorkloadSource<'a> {
-    fn new(
-        session: &'a Session,
-        label: String,
-        target: Target,
-        wf: Option<(&'a crate::waterfall::Waterfall, crate::waterfall::Snapshot)>,
-    ) -> Result<Self> {
-        let before = session.snapshot()?;
-        let (mut stats, _) = session.program_stats();
-        if let Some((w, _)) = &wf {
-            stats.extend(w.program_stats());
-        }
-        let usage = LoaderUsage::now();
-        Ok(Self {
-            session,
-            label,
-            target,
-            baseline: before.clone(),
-            phase_before: before,
-            view_stats: stats.clone(),
-            stats_before: stats,
-            usage_before: usage,
-            view_usage: usage,
-            baseline_at: Instant::now(),
-            wf,
-        })
-    }
-
-    /// Run-time statistics of every program: the probe table's and the waterfall's.
-    fn stats(&self) -> (Vec<ProgramStat>, &str) {
-        let (mut stats, how) = self.session.program_stats();
-        if let Some((w, _)) = &self.wf {
-            stats.extend(w.program_stats());
-        }
-        (stats, how)
-    }
-
-    fn overhead(&self) -> Result<Overhead> {
-        let (now, how) = self.stats();
-        Ok(Overhead::between(
-            how,
-            &self.stats_before,
-            &now,
-            self.usage_before,
-            LoaderUsage::now(),
-        ))
-    }
+    /// Where the report and the live view count from; the waterfall.
+    base: Baseline<'a>,
 }
 
 impl Source for WorkloadSource<'_> {
     fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
-        let now = self.session.snapshot()?;
-        let data = delta(&now, &self.baseline);
-        let probes = probe_reports(
-            self.session,
-            &data,
-            self.baseline_at.elapsed().as_secs_f64(),
-        );
-        let (stats, how) = self.stats();
-        let overhead = Overhead::between(
-            how,
-            &self.view_stats,
-            &stats,
-            self.view_usage,
-            LoaderUsage::now(),
-        );
-        Ok(Sample {
-            probes,
-            overhead: Some(overhead),
-            progress: Progress {
-                label: self.label.clone(),
-                elapsed,
-                done: None,
-                total: None,
-                done_from: None,
-            },
-            waterfall: self.wf.as_ref().map(|(w, b)| w.view(b)).transpose()?,
-        })
+        self.base
+            .sample_now(self.session, self.label.clone(), elapsed)
     }
 
     fn reset(&mut self) -> Result<()> {
-        self.baseline = self.session.snapshot()?;
-        self.baseline_at = Instant::now();
-        self.view_stats = self.stats().0;
-        self.view_usage = LoaderUsage::now();
-        if let Some((w, base)) = &mut self.wf {
-            *base = w.snapshot()?;
-        }
-        Ok(())
+        self.base.reset(self.session)
     }
 
     fn finished(&mut self) -> Option<&'static str> {

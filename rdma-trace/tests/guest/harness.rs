@@ -1,0 +1,191 @@
+//! The guest tests' small harness: rdma-trace run to its end (with or without a JSON report),
+//! a probe found by name, rdma-trace's stderr read until it says it has started, the loopback
+//! ping-pong used as load, and children killed when a test fails.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    ops::{Deref, DerefMut},
+    process::{Child, ChildStderr, Command, ExitStatus, Output, Stdio},
+};
+
+use serde_json::Value;
+
+use super::{RDMA_TRACE, read_json, temp_json};
+
+/// What a finished command left: its status, its output, and its JSON report (`Null` when it
+/// wrote none or was not asked to).
+pub struct Outcome {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub report: Value,
+}
+
+impl Outcome {
+    /// Fails the test, showing the status and both outputs, unless the command succeeded.
+    pub fn assert_success(&self, what: &str) {
+        assert!(
+            self.status.success(),
+            "{what} failed ({}):\n{}\n{}",
+            self.status,
+            self.stderr,
+            self.stdout
+        );
+    }
+}
+
+/// Runs `cmd` to its end (`Command::output`: stdout and stderr captured, stdin null unless
+/// `cmd` says otherwise).
+fn outcome(cmd: &mut Command, report: impl FnOnce() -> Value) -> Outcome {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    Outcome {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        report: report(),
+    }
+}
+
+/// `rdma-trace ARGS` run to its end, without a report.
+pub fn rdma_trace(args: &[&str]) -> Outcome {
+    outcome(Command::new(RDMA_TRACE).args(args), || Value::Null)
+}
+
+/// `rdma-trace ARGS --json <temp_json(name)>` run to its end; the report read (and its file
+/// removed) when it was written. When ARGS end with `-- CMD`, `--json` goes before the `--`.
+pub fn run_json(args: &[&str], name: &str) -> Outcome {
+    run_json_with(&mut Command::new(RDMA_TRACE), args, name)
+}
+
+/// [`run_json`] with a prepared `cmd`: another program in front of rdma-trace (`taskset`), an
+/// environment, another stdin.
+pub fn run_json_with(cmd: &mut Command, args: &[&str], name: &str) -> Outcome {
+    let json = temp_json(name);
+    let split = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+    cmd.args(&args[..split])
+        .arg("--json")
+        .arg(&json)
+        .args(&args[split..]);
+    outcome(cmd, || {
+        if json.exists() {
+            read_json(&json)
+        } else {
+            Value::Null
+        }
+    })
+}
+
+/// The probe `name` of a report or of one of its phases (from its `probes`).
+pub fn probe<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["probes"]
+        .as_array()
+        .expect("probes")
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no probe {name} in {report}"))
+}
+
+/// The CQ events a demo took, both sides, from its JSON results (`reports[].cq_events`).
+pub fn demo_cq_events(demo: &Value) -> u64 {
+    demo["reports"]
+        .as_array()
+        .expect("demo reports")
+        .iter()
+        .map(|r| r["cq_events"].as_u64().expect("cq_events"))
+        .sum()
+}
+
+/// Reads the piped stderr of a spawned rdma-trace until a line starts with `prefix` (it says
+/// it has started); returns what it read, that line included, and the rest of the stream.
+pub fn stderr_until(child: &mut Child, prefix: &str) -> (String, BufReader<ChildStderr>) {
+    let mut err = BufReader::new(child.stderr.take().expect("piped stderr"));
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        let n = err.read_line(&mut line).expect("read rdma-trace's stderr");
+        head.push_str(&line);
+        assert!(n > 0, "rdma-trace ended before saying {prefix:?}: {head}");
+        if line.starts_with(prefix) {
+            return (head, err);
+        }
+    }
+}
+
+/// Waits until a spawned `rdma-trace run` (stderr piped) says it traces; returns the rest of
+/// its stderr.
+pub fn wait_tracing(tracer: &mut Child) -> BufReader<ChildStderr> {
+    stderr_until(tracer, "rdma-trace: tracing ").1
+}
+
+/// Sends `signal` (`-TERM`, `-INT`) to `child` with kill(1); whether kill succeeded.
+pub fn signal(child: &Child, signal: &str) -> bool {
+    Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The load of the `cq` tests: `rdma-demo pingpong --loopback --port 0 -d rxe1
+/// --server-device rxe0 EXTRA`, stdout to /dev/null, run to its end.
+pub fn loopback_pingpong(extra: &[&str]) -> ExitStatus {
+    Command::new("rdma-demo")
+        .args([
+            "pingpong",
+            "--loopback",
+            "--port",
+            "0",
+            "-d",
+            "rxe1",
+            "--server-device",
+            "rxe0",
+        ])
+        .args(extra)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run rdma-demo")
+}
+
+/// A child that is killed (and reaped) when dropped, also when a test fails, so that no probe
+/// or load outlives it.
+pub struct KillOnDrop(Option<Child>);
+
+impl KillOnDrop {
+    /// Starts `cmd`.
+    pub fn spawn(cmd: &mut Command) -> Self {
+        KillOnDrop(Some(
+            cmd.spawn().unwrap_or_else(|e| panic!("start {cmd:?}: {e}")),
+        ))
+    }
+
+    /// Waits for the child's end and collects its output, as `Child::wait_with_output`.
+    pub fn wait_with_output(mut self) -> Output {
+        let child = self.0.take().expect("a child");
+        let pid = child.id();
+        child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("wait for child {pid}: {e}"))
+    }
+}
+
+impl Deref for KillOnDrop {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("a child")
+    }
+}
+
+impl DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("a child")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
