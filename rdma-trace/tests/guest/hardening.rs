@@ -2,7 +2,7 @@
 //! failures; no predictable temporary names.
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _},
+    io::{BufRead as _, BufReader},
     os::unix::{fs::PermissionsExt as _, process::ExitStatusExt as _},
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -13,7 +13,7 @@ use std::{
 use super::{
     RDMA_TRACE, RestoreRxe, delete_testbed_devices, demo_processes,
     harness::{KillOnDrop, rdma_trace, run_json, run_json_with},
-    try_wait_timeout, wait_timeout,
+    try_wait_timeout,
 };
 
 const KPROBE_LIST: &str = "/sys/kernel/debug/kprobes/list";
