@@ -210,6 +210,13 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         eprintln!("rdma-trace: {}", c.render());
     }
     let timeline = workload::start(&mut session, &extra, timeline_file, args)?;
+    // The completion waterfall attaches before the probe table is printed: that line means
+    // everything is attached (the bench times start-up and the loader's CPU from it).
+    let wf = waterfall::start_or_explain(
+        args.no_waterfall,
+        args.sample as usize,
+        workload::timeline_sample(args),
+    );
     eprintln!(
         "rdma-trace: server {server}, client {client}; probes:\n{}",
         session.attach_table()
@@ -219,11 +226,6 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         enforce: args.enforce,
         calibration: calibration.as_ref(),
     };
-    let wf = waterfall::start_or_explain(
-        args.no_waterfall,
-        args.sample as usize,
-        workload::timeline_sample(args),
-    );
 
     let modes: &[Mode] = match args.mode {
         Mode::Both => &[Mode::Poll, Mode::Event],
