@@ -1,9 +1,11 @@
-//! Reading the whole per-CPU `ROWS` array in one `BPF_MAP_LOOKUP_BATCH` syscall (Linux 5.6),
-//! so that a refresh of the views costs the same number of syscalls whatever the probe count.
+//! Reading many elements of an array map in one `BPF_MAP_LOOKUP_BATCH` syscall (Linux 5.6), so
+//! that a refresh of the views costs a fixed number of syscalls: one for the whole per-CPU
+//! `ROWS` array whatever the probe count, one per active thread slot of the waterfall.
 //! aya 0.14 has no batched lookups: this is the one raw `bpf(2)` call of the loader.
 
 use std::os::fd::RawFd;
 
+use aya::Pod;
 use rdma_trace_common::ProbeRow;
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
@@ -26,26 +28,41 @@ struct BatchAttr {
 /// key, key-major: row `k` of CPU `c` is at `k * cpus + c`. `None` when the kernel refuses the
 /// batched lookup (the caller then reads key by key) or returns fewer rows.
 pub fn lookup_rows(map_fd: RawFd, entries: u32, cpus: usize) -> Option<Vec<ProbeRow>> {
-    let zero = ProbeRow {
-        counters: [0; rdma_trace_common::NR_COUNTERS as usize],
-        slots: [0; rdma_trace_common::HIST_SLOTS as usize],
-    };
-    let mut values = vec![zero; entries as usize * cpus];
-    let mut keys = vec![0u32; entries as usize];
+    lookup_range(map_fd, 0, entries, cpus)
+}
+
+/// Elements `start .. start + count` of an array map (u32 keys) of `T`, in one syscall.
+/// `cpus` is 1 for a plain array and the number of possible CPUs for a per-CPU one (then
+/// key-major: element `k` of CPU `c` is at `(k - start) * cpus + c`). `None` when the kernel
+/// refuses the batched lookup, returns fewer elements, or `T` cannot be a per-CPU value as is
+/// (its size is not a multiple of 8).
+pub fn lookup_range<T: Pod>(map_fd: RawFd, start: u32, count: u32, cpus: usize) -> Option<Vec<T>> {
+    if cpus == 0 || (cpus > 1 && !size_of::<T>().is_multiple_of(8)) {
+        return None;
+    }
+    let n = usize::try_from(count).ok()?.checked_mul(cpus)?;
+    let mut values: Vec<T> = Vec::with_capacity(n);
+    let mut keys = vec![0u32; count as usize];
+    // The batch token of an array is the last key read: start after `start - 1`.
+    let mut in_batch = start.wrapping_sub(1);
     let mut out_batch = 0u32;
     let mut attr = BatchAttr {
-        in_batch: 0,
+        in_batch: if start == 0 {
+            0
+        } else {
+            &mut in_batch as *mut u32 as u64
+        },
         out_batch: &mut out_batch as *mut u32 as u64,
         keys: keys.as_mut_ptr() as u64,
         values: values.as_mut_ptr() as u64,
-        count: entries,
+        count,
         map_fd: u32::try_from(map_fd).ok()?,
         ..Default::default()
     };
     // SAFETY: `attr` is a valid BPF_MAP_LOOKUP_BATCH attribute whose pointers reference
-    // buffers that outlive the call: `keys` holds `entries` u32 keys, `values` holds `entries`
-    // times `cpus` rows (a per-CPU value is one 8-byte-aligned row per possible CPU, and
-    // ProbeRow is all u64), `out_batch` one u32 (an array's batch token is its next index).
+    // buffers that outlive the call: `in_batch`/`out_batch` one u32 each (an array's key),
+    // `keys` `count` u32 keys, `values` room for `count * cpus` values of T (a per-CPU value is
+    // one 8-byte-aligned T per possible CPU; T's size is a multiple of 8 then).
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -54,10 +71,21 @@ pub fn lookup_rows(map_fd: RawFd, entries: u32, cpus: usize) -> Option<Vec<Probe
             std::mem::size_of::<BatchAttr>(),
         )
     };
-    // The end of the map is ENOENT, with `count` set to the rows copied.
+    // The end of the map is ENOENT, with `count` set to the elements copied.
     let done = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT);
-    (done && attr.count == entries && keys.iter().enumerate().all(|(i, &k)| k == i as u32))
-        .then_some(values)
+    let whole = done
+        && attr.count == count
+        && keys
+            .iter()
+            .enumerate()
+            .all(|(i, &k)| u64::from(k) == u64::from(start) + i as u64);
+    if !whole {
+        return None;
+    }
+    // SAFETY: the kernel wrote `count` elements of `cpus` values each (checked above) into the
+    // buffer of capacity `n`, and any bytes are a valid T (`Pod`).
+    unsafe { values.set_len(n) };
+    Some(values)
 }
 
 #[cfg(test)]
@@ -81,5 +109,17 @@ mod tests {
         let f = std::fs::File::open("/proc/self/status").unwrap();
         use std::os::fd::AsRawFd as _;
         assert!(lookup_rows(f.as_raw_fd(), 4, 2).is_none());
+    }
+
+    #[test]
+    fn a_per_cpu_value_must_be_whole_u64s_and_cpus_nonzero() {
+        // 12 bytes: a per-CPU value would be padded to 16, so it is refused before any call.
+        #[derive(Clone, Copy)]
+        #[repr(C)]
+        struct Odd([u32; 3]);
+        // SAFETY: plain integers, any bit pattern is valid.
+        unsafe impl aya::Pod for Odd {}
+        assert!(lookup_range::<Odd>(0, 0, 1, 2).is_none());
+        assert!(lookup_range::<ProbeRow>(0, 0, 1, 0).is_none());
     }
 }

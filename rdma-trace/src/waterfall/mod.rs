@@ -300,8 +300,80 @@ impl Waterfall {
         out
     }
 
-    /// The counters and histograms of every thread slot, summed over CPUs.
+    /// The counters and histograms of every thread slot, summed over CPUs: one batched lookup
+    /// of all slots' counters, then two per slot in use (its histograms, its owner), whatever
+    /// the probe count; key by key on kernels without batched lookups (before 5.6).
     pub fn snapshot(&self) -> Result<Snapshot> {
+        let raw = match self.read_batched() {
+            Some(raw) => raw,
+            None => self.read_by_key()?,
+        };
+        let mut snap = Snapshot::default();
+        for (slot, info, per_cpu, hists) in raw {
+            let mut sum = model::Counts::default();
+            for c in &per_cpu {
+                sum.add(c);
+            }
+            let hs = hists
+                .iter()
+                .map(|per_cpu| {
+                    let mut slots = vec![0u64; rdma_trace_common::HIST_SLOTS as usize];
+                    for row in per_cpu {
+                        for (s, v) in slots.iter_mut().zip(row.slots) {
+                            *s += v;
+                        }
+                    }
+                    Histogram::from_slots(slots)
+                })
+                .collect();
+            snap.threads.insert(
+                slot,
+                model::ThreadData {
+                    tid: info.tid,
+                    tgid: info.tgid,
+                    comm: comm(&info.comm),
+                    counts: sum,
+                    hists: hs,
+                },
+            );
+        }
+        Ok(snap)
+    }
+
+    /// Slots in use: (slot, owner, per-CPU counters, per-CPU values of each histogram).
+    fn read_batched(&self) -> Option<Vec<RawSlot>> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        let fd = |name: &str| -> Option<i32> {
+            match self.ebpf.map(name)? {
+                aya::maps::Map::Array(m) | aya::maps::Map::PerCpuArray(m) => {
+                    Some(m.fd().as_fd().as_raw_fd())
+                }
+                _ => None,
+            }
+        };
+        let (threads, counts, hists) = (fd("WF_THREAD")?, fd("WF_COUNTS")?, fd("WF_HIST")?);
+        let cpus = aya::util::nr_cpus().ok()?;
+        let all: Vec<WfCounts> = crate::batch::lookup_range(counts, 0, WF_THREADS, cpus)?;
+        let mut out = Vec::new();
+        for (slot, per_cpu) in (0..WF_THREADS).zip(all.chunks_exact(cpus)) {
+            if per_cpu.iter().all(|c| c.counters.iter().all(|&x| x == 0)) {
+                continue;
+            }
+            let info: Vec<WfThread> = crate::batch::lookup_range(threads, slot, 1, 1)?;
+            let hs: Vec<WfHist> =
+                crate::batch::lookup_range(hists, slot * WF_NHIST, WF_NHIST, cpus)?;
+            out.push((
+                slot,
+                info[0],
+                per_cpu.to_vec(),
+                hs.chunks_exact(cpus).map(<[WfHist]>::to_vec).collect(),
+            ));
+        }
+        Some(out)
+    }
+
+    /// [`Self::read_batched`], one lookup per key.
+    fn read_by_key(&self) -> Result<Vec<RawSlot>> {
         let threads: Array<&MapData, WfThread> = Array::try_from(
             self.ebpf
                 .map("WF_THREAD")
@@ -317,16 +389,15 @@ impl Waterfall {
                 .map("WF_HIST")
                 .context("map WF_HIST is not in the eBPF object")?,
         )?;
-        let mut snap = Snapshot::default();
+        let mut out = Vec::new();
         for slot in 0..WF_THREADS {
-            let per_cpu = counts
+            let per_cpu: Vec<WfCounts> = counts
                 .get(&slot, 0)
-                .map_err(|e| anyhow!("reading WF_COUNTS: {}", chain(&e)))?;
-            let mut sum = model::Counts::default();
-            for c in per_cpu.iter() {
-                sum.add(c);
-            }
-            if sum.is_zero() {
+                .map_err(|e| anyhow!("reading WF_COUNTS: {}", chain(&e)))?
+                .iter()
+                .copied()
+                .collect();
+            if per_cpu.iter().all(|c| c.counters.iter().all(|&x| x == 0)) {
                 continue;
             }
             let info = threads
@@ -337,26 +408,11 @@ impl Waterfall {
                 let per_cpu = hists
                     .get(&(slot * WF_NHIST + h), 0)
                     .map_err(|e| anyhow!("reading WF_HIST: {}", chain(&e)))?;
-                let mut slots = vec![0u64; rdma_trace_common::HIST_SLOTS as usize];
-                for row in per_cpu.iter() {
-                    for (s, v) in slots.iter_mut().zip(row.slots) {
-                        *s += v;
-                    }
-                }
-                hs.push(Histogram::from_slots(slots));
+                hs.push(per_cpu.iter().copied().collect());
             }
-            snap.threads.insert(
-                slot,
-                model::ThreadData {
-                    tid: info.tid,
-                    tgid: info.tgid,
-                    comm: comm(&info.comm),
-                    counts: sum,
-                    hists: hs,
-                },
-            );
+            out.push((slot, info, per_cpu, hs));
         }
-        Ok(snap)
+        Ok(out)
     }
 
     /// The live view's waterfall pane: every thread since `base`.
@@ -426,6 +482,10 @@ impl Waterfall {
             .map_or_else(Vec::new, |s| s.borrow().events())
     }
 }
+
+/// One thread slot as read from the maps: (slot, owner, per-CPU counters, per-CPU values of
+/// each histogram).
+type RawSlot = (u32, WfThread, Vec<WfCounts>, Vec<Vec<WfHist>>);
 
 /// IRQ numbers of mlx5's completion vectors: the IRQs the probe table's mlx5 IRQ rows match.
 pub fn mlx5_completion_irqs(interrupts: &[(u32, String)]) -> Vec<u32> {
