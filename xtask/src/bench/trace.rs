@@ -154,9 +154,11 @@ demo_running() {{
 fn live_view_run(round: u32) -> String {
     let p = format!("$R/r{round}-T");
     format!(
-        "if command -v tmux >/dev/null; then\n\
-         tmux -L rdma-bench new-session -d -s bench -x 160 -y 48 \"TERM=xterm-256color rdma-trace run --mode event \
-         -i {ITERATIONS} -S {SIZE} --json {p}.json 2> {p}.err; echo \\$? > {p}.rc\"\n\
+        "if ! command -v tmux >/dev/null; then echo 'no tmux in the guest: the live view is not measured'\n\
+         elif ! LC_ALL=C.UTF-8 tmux -L rdma-bench new-session -d -s bench -x 160 -y 48 \"TERM=xterm-256color rdma-trace run --mode event \
+         -i {ITERATIONS} -S {SIZE} --json {p}.json 2> {p}.err; echo \\$? > {p}.rc\"; then\n\
+         echo 'tmux did not start: the live view is not measured'; echo \"{round},T,none\" >> $R/runs.csv\n\
+         else\n\
          seen=0\n\
          for i in $(seq 2400); do\n\
          if demo_running; then seen=1; elif [ $seen = 1 ]; then break; fi\n\
@@ -166,7 +168,7 @@ fn live_view_run(round: u32) -> String {
          for i in $(seq 100); do [ -f {p}.rc ] && break; sleep 0.1; done\n\
          tmux -L rdma-bench kill-server 2>/dev/null\n\
          echo \"{round},T,$(cat {p}.rc 2>/dev/null || echo none)\" >> $R/runs.csv\n\
-         else echo 'no tmux in the guest: the live view is not measured'; fi"
+         fi"
     )
 }
 

@@ -86,12 +86,13 @@ pub const USERLAND: &[&str] = &[
 ];
 
 /// Added to `USERLAND` in the bench image (`GuestRun::bench`): bpftrace and bpftool for
-/// `cargo xtask bench trace`, tmux for its live-view run, with the libraries they link that
-/// the test bed lacks.
+/// `cargo xtask bench trace`, tmux for its live-view run (and libc-bin for the C.UTF-8 locale,
+/// without which tmux refuses to start), with the libraries they link that the test bed lacks.
 pub const BENCH_EXTRA: &[&str] = &[
     "bpftrace",
     "bpftool",
     "tmux",
+    "libc-bin",
     "libevent-core-2.1-7",
     "libutempter0",
     "ncurses-base",
