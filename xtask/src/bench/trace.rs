@@ -150,7 +150,8 @@ demo_running() {{
 }
 
 /// The live view's run (T): `rdma-trace run` in event mode on a tmux screen (160×48, 4 Hz),
-/// `q` once its demo has ended; its own report gives the loader's CPU over the phase.
+/// `q` once its demo has ended (or the view says so: a demo can run between two looks);
+/// its own report gives the loader's CPU over the phase.
 fn live_view_run(round: u32) -> String {
     let p = format!("$R/r{round}-T");
     format!(
@@ -162,6 +163,7 @@ fn live_view_run(round: u32) -> String {
          seen=0\n\
          for i in $(seq 2400); do\n\
          if demo_running; then seen=1; elif [ $seen = 1 ]; then break; fi\n\
+         tmux -L rdma-bench capture-pane -p -t bench 2>/dev/null | grep -q 'q to quit' && break\n\
          [ -f {p}.rc ] && break; sleep 0.25\n\
          done\n\
          sleep 0.5; tmux -L rdma-bench send-keys -t bench q\n\
