@@ -156,7 +156,7 @@ pub fn wf_rxe_cq_post(ctx: ProbeContext) -> u32 {
     let cq: u64 = ctx.arg(0).unwrap_or(0);
     if cq != 0 {
         // The first post since the CQ was armed (or since its last handler call) raised the event.
-        let _ = WF_T0_CQ.insert(&cq, &now(), BPF_NOEXIST);
+        let _ = WF_T0_CQ.insert(cq, now(), BPF_NOEXIST);
     }
     0
 }
@@ -165,7 +165,7 @@ pub fn wf_rxe_cq_post(ctx: ProbeContext) -> u32 {
 #[kprobe]
 pub fn wf_rxe_arm(ctx: ProbeContext) -> u32 {
     let cq: u64 = ctx.arg(0).unwrap_or(0);
-    let _ = WF_T0_CQ.remove(&cq);
+    let _ = WF_T0_CQ.remove(cq);
     0
 }
 
@@ -174,7 +174,7 @@ pub fn wf_rxe_arm(ctx: ProbeContext) -> u32 {
 pub fn wf_mlx5_irq(ctx: RawTracePointContext) -> i32 {
     let irq = ctx.arg::<u64>(0) as u32;
     // SAFETY: only the presence of the key is used.
-    if unsafe { WF_T0_IRQS.get(&irq) }.is_some()
+    if unsafe { WF_T0_IRQS.get(irq) }.is_some()
         && let Some(p) = WF_T0_IRQ_AT.get_ptr_mut(0)
     {
         // SAFETY: this CPU's slot of a per-CPU array; hard IRQ handlers do not nest.
@@ -208,7 +208,7 @@ pub fn wf_mlx5_cq_comp(_ctx: ProbeContext) -> u32 {
 #[kprobe]
 pub fn wf_queue_init(ctx: ProbeContext) -> u32 {
     let queue: u64 = ctx.arg(0).unwrap_or(0);
-    let _ = WF_QUEUES.remove(&queue);
+    let _ = WF_QUEUES.remove(queue);
     0
 }
 
@@ -220,9 +220,9 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
     let cq: u64 = ctx.arg(0).unwrap_or(0);
     let queue: u64 = ctx.arg(1).unwrap_or(0);
     // SAFETY: the value is copied out before the entry is removed.
-    let mut t0 = match unsafe { WF_T0_CQ.get(&cq) } {
+    let mut t0 = match unsafe { WF_T0_CQ.get(cq) } {
         Some(&t) => {
-            let _ = WF_T0_CQ.remove(&cq);
+            let _ = WF_T0_CQ.remove(cq);
             t
         }
         None => 0,
@@ -237,14 +237,14 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
     if queue == 0 {
         return 0;
     }
-    if WF_QUEUES.get_ptr_mut(&queue).is_none() {
+    if WF_QUEUES.get_ptr_mut(queue).is_none() {
         let Some(zero) = WF_ZERO.get_ptr(0) else {
             return 0;
         };
         // SAFETY: a map value pointer, valid for the call; the helper copies it.
-        let _ = WF_QUEUES.insert(&queue, unsafe { &*zero }, BPF_NOEXIST);
+        let _ = WF_QUEUES.insert(queue, unsafe { *zero }, BPF_NOEXIST);
     }
-    let Some(q) = WF_QUEUES.get_ptr_mut(&queue) else {
+    let Some(q) = WF_QUEUES.get_ptr_mut(queue) else {
         return 0;
     };
     // SAFETY: a hash map value; the kernel serialises a channel's handler calls under its
@@ -312,7 +312,7 @@ pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
         cpu_target: target as u32,
         cpu_on: u32::MAX,
     };
-    let _ = WF_WAKE.insert(&(pid as u32), &w, 0);
+    let _ = WF_WAKE.insert(pid as u32, w, 0);
     0
 }
 
@@ -321,7 +321,7 @@ pub fn wf_sched_switch(ctx: TracePointContext) -> u32 {
     let cfg = config(&WF_CONFIG);
     // SAFETY: offset of `next_pid` in this tracepoint's record, from its format file.
     let next: i32 = unsafe { ctx.read_at(cfg.switch_next_pid as usize) }.unwrap_or(0);
-    let Some(w) = WF_WAKE.get_ptr_mut(&(next as u32)) else {
+    let Some(w) = WF_WAKE.get_ptr_mut(next as u32) else {
         return 0; // not a thread woken by a completion handler
     };
     // SAFETY: a hash map value; only this thread's switch-in and its read touch it, and a
@@ -353,7 +353,7 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
     let r = Reading {
         queue: private + u64::from(cfg.ev_queue),
     };
-    let _ = WF_READING.insert(&tid(), &r, 0);
+    let _ = WF_READING.insert(tid(), r, 0);
     0
 }
 
@@ -362,10 +362,10 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
     let t4 = now();
     let tid = tid();
     // SAFETY: copied out before the entry is removed.
-    let Some(r) = (unsafe { WF_READING.get(&tid) }).copied() else {
+    let Some(r) = (unsafe { WF_READING.get(tid) }).copied() else {
         return 0;
     };
-    let _ = WF_READING.remove(&tid);
+    let _ = WF_READING.remove(tid);
     let ret: i64 = ctx.ret();
     if ret <= 0 {
         return 0; // no event returned (EAGAIN, a signal, an error)
@@ -373,7 +373,7 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
     let Some(slot) = thread_slot(tid) else {
         return 0;
     };
-    let Some(q) = WF_QUEUES.get_ptr_mut(&r.queue) else {
+    let Some(q) = WF_QUEUES.get_ptr_mut(r.queue) else {
         count(slot, W_UNMATCHED);
         return 0;
     };
@@ -407,7 +407,7 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
         class: CLASS_UNKNOWN,
     };
     // SAFETY: copied out; removed below when consumed or stale.
-    if let Some(w) = unsafe { WF_WAKE.get(&tid) }.copied() {
+    if let Some(w) = unsafe { WF_WAKE.get(tid) }.copied() {
         if w.queue == r.queue && w.event == event {
             let t2 = w.t2.max(t1).min(t4);
             s.t2 = t2;
@@ -420,10 +420,10 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
                 s.t3 = w.t3.max(t2).min(t4);
                 s.cpu_on = w.cpu_on;
             }
-            let _ = WF_WAKE.remove(&tid);
+            let _ = WF_WAKE.remove(tid);
         } else if w.queue != r.queue || w.event < event {
             // A wake-up for an event this thread will never read from here: stale.
-            let _ = WF_WAKE.remove(&tid);
+            let _ = WF_WAKE.remove(tid);
         }
     }
     s.class = class(s.cpu_handler, s.cpu_on);
@@ -448,14 +448,14 @@ fn class(handler: u32, waiter: u32) -> u32 {
 #[inline(always)]
 fn thread_slot(tid: u32) -> Option<u32> {
     // SAFETY: copied out at once.
-    if let Some(&s) = unsafe { WF_SLOT_OF.get(&tid) } {
+    if let Some(&s) = unsafe { WF_SLOT_OF.get(tid) } {
         return Some(s);
     }
     let mut slot = WF_THREADS - 1;
     let start = tid % (WF_THREADS - 1);
     for k in 0..WF_THREADS - 1 {
         let s = (start + k) % (WF_THREADS - 1);
-        if WF_SLOT_OWNER.insert(&s, &tid, BPF_NOEXIST).is_ok() {
+        if WF_SLOT_OWNER.insert(s, tid, BPF_NOEXIST).is_ok() {
             slot = s;
             break;
         }
@@ -474,7 +474,7 @@ fn thread_slot(tid: u32) -> Option<u32> {
         // whose name is only a hint).
         unsafe { *t = info };
     }
-    let _ = WF_SLOT_OF.insert(&tid, &slot, 0);
+    let _ = WF_SLOT_OF.insert(tid, slot, 0);
     Some(slot)
 }
 

@@ -49,7 +49,7 @@ fn traced(tgid: u32) -> bool {
     match config(&WORKLOAD) {
         WL_ALL => true,
         // SAFETY: only the presence of the key is used.
-        WL_TREE => unsafe { TGIDS.get(&tgid) }.is_some(),
+        WL_TREE => unsafe { TGIDS.get(tgid) }.is_some(),
         _ => false,
     }
 }
@@ -64,16 +64,16 @@ fn bump(what: u32) {
         return;
     }
     let key = proc_key(tgid, what);
-    match PROC_EVENTS.get_ptr_mut(&key) {
+    match PROC_EVENTS.get_ptr_mut(key) {
         // SAFETY: this CPU's value of a per-CPU hash map; BPF programs do not re-enter on one CPU.
         Some(p) => unsafe { *p += 1 },
         None => {
             // A full map drops the count (bounded memory); MAX_PROC_KEYS is far above what
             // one workload produces.
-            let _ = PROC_EVENTS.insert(&key, &1, BPF_NOEXIST as u64);
+            let _ = PROC_EVENTS.insert(key, 1, BPF_NOEXIST as u64);
             if config(&WORKLOAD) == WL_ALL {
                 let comm = bpf_get_current_comm().unwrap_or([0; 16]);
-                let _ = PROC_COMM.insert(&tgid, &comm, BPF_NOEXIST as u64);
+                let _ = PROC_COMM.insert(tgid, comm, BPF_NOEXIST as u64);
             }
         }
     }
@@ -99,7 +99,8 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     }
     let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
     let tracer = config(&TRACER_TGID);
-    if !(tracer != 0 && parent == tracer) && !traced(parent) {
+    let by_tracer = tracer != 0 && parent == tracer;
+    if !by_tracer && !traced(parent) {
         return 0;
     }
     // SAFETY: offsets of the record's fields, from its format file; the helper checks the read.
@@ -112,9 +113,9 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     let Ok(pid) = (unsafe { ctx.read_at::<u32>(config(&NEWTASK_PID_OFFSET) as usize) }) else {
         return 0;
     };
-    let _ = TGIDS.insert(&pid, &1, 0);
+    let _ = TGIDS.insert(pid, 1, 0);
     let comm = bpf_get_current_comm().unwrap_or([0; 16]);
-    let _ = PROC_COMM.insert(&pid, &comm, 0);
+    let _ = PROC_COMM.insert(pid, comm, 0);
     0
 }
 
@@ -127,7 +128,7 @@ pub fn proc_exec(_ctx: RawTracePointContext) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if traced(tgid) {
         let comm = bpf_get_current_comm().unwrap_or([0; 16]);
-        let _ = PROC_COMM.insert(&tgid, &comm, 0);
+        let _ = PROC_COMM.insert(tgid, comm, 0);
     }
     0
 }
@@ -142,7 +143,7 @@ pub fn proc_exit(_ctx: RawTracePointContext) -> i32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     if tgid == tid {
-        let _ = TGIDS.remove(&tgid);
+        let _ = TGIDS.remove(tgid);
     }
     0
 }
