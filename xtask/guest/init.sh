@@ -14,6 +14,22 @@ mount -t tmpfs tmpfs /dev/shm
 mount -t tracefs tracefs /sys/kernel/tracing || warn "no tracefs"
 mount -t debugfs debugfs /sys/kernel/debug || warn "no debugfs"
 mount -t bpf bpf /sys/fs/bpf || warn "no bpffs"
+
+# Under multi-threaded TCG a vCPU can run code that the other vCPU is patching. Flipping the static
+# branch of a hot tracepoint (when its first program attaches or its last one detaches) has oopsed
+# the guest with "int3" in __schedule and try_to_wake_up. So the hot tracepoints rdma-trace uses stay
+# enabled for the whole boot (ftrace events with recording off): attaching and detaching programs
+# then never patch the scheduler's or the softirq path's code.
+t=/sys/kernel/tracing
+if [ -d $t/events ]; then
+    echo 0 >$t/tracing_on
+    echo 4 >$t/buffer_size_kb
+    for e in sched/sched_switch sched/sched_waking sched/sched_wakeup sched/sched_process_exit \
+        sched/sched_process_fork task/task_newtask irq/softirq_entry irq/softirq_exit \
+        irq/irq_handler_entry irq/irq_handler_exit napi/napi_poll; do
+        echo 1 >$t/events/$e/enable 2>/dev/null || warn "cannot keep $e enabled"
+    done
+fi
 echo "@@RDMA_VM_BOOTED@@"
 
 . /vm/env.sh

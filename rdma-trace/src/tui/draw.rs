@@ -38,10 +38,13 @@ pub fn draw(f: &mut Frame, app: &App) {
     draw_header(f, header, app);
     let [left, right] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(body);
-    // The table takes what its rows need; the heat map the space under it.
+    // The table takes what its rows need (the attached probes, and one line for the skipped
+    // ones); the heat map the space under it, at least HEAT_MIN rows (the table scrolls then).
+    let attached = app.probes.iter().filter(|r| r.skipped.is_none()).count();
+    let skipped_line = u16::from(attached < app.probes.len());
     let [list, heat] = Layout::vertical([
-        Constraint::Max(app.probes.len() as u16 + 3),
-        Constraint::Min(0),
+        Constraint::Max(attached as u16 + skipped_line + 3),
+        Constraint::Min(HEAT_MIN),
     ])
     .areas(left);
     draw_table(f, list, app);
@@ -88,20 +91,34 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App) {
     f.render_widget(gauge, area);
 }
 
+/// Rows the heat map keeps under the probe table when the screen is short.
+const HEAT_MIN: u16 = 8;
+
 fn draw_table(f: &mut Frame, area: Rect, app: &App) {
     let header = Row::new(["probe", "count", "rate/s", "p50", "p99"])
         .style(Style::default().add_modifier(Modifier::BOLD));
-    let rows = app.probes.iter().map(|r| match &r.skipped {
-        Some(_) => Row::new([r.name.to_string(), "skipped".to_owned()])
-            .style(Style::default().fg(Color::DarkGray)),
-        None => Row::new([
-            r.name.to_string(),
-            r.count.to_string(),
-            format!("{:.0}", r.rate),
-            value(r.unit, r.summary.p50),
-            value(r.unit, r.summary.p99),
-        ]),
-    });
+    // Attached probes, then one line for those skipped here (the start-up table and the report
+    // say why for each): on a machine with one RDMA driver, the other drivers' rows would fill
+    // the table.
+    let skipped = app.probes.iter().filter(|r| r.skipped.is_some()).count();
+    let attached = app.probes.iter().filter(|r| r.skipped.is_none());
+    let mut rows: Vec<Row> = attached
+        .map(|r| {
+            Row::new([
+                r.name.to_string(),
+                r.count.to_string(),
+                format!("{:.0}", r.rate),
+                value(r.unit, r.summary.p50),
+                value(r.unit, r.summary.p99),
+            ])
+        })
+        .collect();
+    if skipped > 0 {
+        rows.push(
+            Row::new([format!("+ {skipped} skipped (see report)")])
+                .style(Style::default().fg(Color::DarkGray)),
+        );
+    }
     let table = Table::new(
         rows,
         [
@@ -115,7 +132,14 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App) {
     .header(header)
     .block(Block::bordered().title(" probes (Tab/↑↓) "))
     .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED));
-    let mut state = TableState::default().with_selected(app.selected_index());
+    // The selected probe's row among the attached ones.
+    let selected = app.selected_index().map(|i| {
+        app.probes[..i]
+            .iter()
+            .filter(|r| r.skipped.is_none())
+            .count()
+    });
+    let mut state = TableState::default().with_selected(selected);
     f.render_stateful_widget(table, area, &mut state);
 }
 
@@ -377,6 +401,29 @@ mod tests {
     }
 
     #[test]
+    fn many_skipped_probes_leave_room_for_the_heat_map() {
+        let mut app = App::new("rdma-trace run");
+        let names: Vec<String> = (0..40).map(|i| format!("driver_fn_{i}")).collect();
+        let leaked: Vec<&'static str> = names
+            .into_iter()
+            .map(|n| &*Box::leak(n.into_boxed_str()))
+            .collect();
+        let rows = |n: u64| -> Vec<(&'static str, u64, bool)> {
+            let mut v = vec![("rxe_rcv", n, false), ("rxe_cq_post", n, false)];
+            v.extend(leaked.iter().map(|&name| (name, 0, true)));
+            v
+        };
+        app.update(sample(&rows(1200)));
+        app.update(sample(&rows(2400)));
+        let s = screen(&app, 130, 45);
+        assert!(s.contains("+ 40 skipped"), "{s}");
+        assert!(
+            s.contains("rxe_rcv over time"),
+            "the heat map is shown: {s}"
+        );
+    }
+
+    #[test]
     fn draws_table_pane_histogram_and_progress() {
         let mut app = App::new("rdma-trace run");
         app.update(sample(&[
@@ -388,7 +435,9 @@ mod tests {
         assert!(s.contains("event mode"), "{s}");
         assert!(s.contains("250 / 1000 iterations"), "{s}");
         assert!(s.contains("rxe_rcv") && s.contains("1200"), "{s}");
-        assert!(s.contains("skipped"), "{s}");
+        // Skipped probes are one line under the attached ones.
+        assert!(s.contains("+ 1 skipped"), "{s}");
+        assert!(!s.contains("mlx5_eq_comp_int"), "{s}");
         // The selected probe's pane: title, percentiles and histogram bars.
         assert!(s.contains(" rxe_rcv "), "{s}");
         assert!(s.contains("p99 9.0us"), "{s}");
