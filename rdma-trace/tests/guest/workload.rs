@@ -152,8 +152,8 @@ fn run_cmd_ibv_rc_pingpong_polling_pair_takes_no_completion_events() {
 /// On 6.1 it completes. In the 6.12 guest the bare pair (without rdma-trace) loses a completion
 /// event in most runs: both sides then block in `ib_uverbs_event_read` for good (measured: 3 of
 /// 4 bare runs; polling pairs and `ibv_rc_pingpong -e` never do). There the test accepts that
-/// outcome too, and checks what rdma-trace reports about it: the command's status (124 from
-/// `timeout`: 124, or 143), both processes, and the events they read before the stall, no more than the
+/// outcome too, and checks what rdma-trace reports about it: the command's status (124 or 143
+/// from `timeout`), both processes, and the events they read before the stall, no more than the
 /// handler queued.
 #[test]
 fn run_cmd_ib_send_lat_event_pair() {
