@@ -46,6 +46,14 @@ fn outcome(cmd: &mut Command, report: impl FnOnce() -> Value) -> Outcome {
     }
 }
 
+/// The guest kernel's release (`6.1.0-57-amd64`, `6.12.95+deb12-amd64`).
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .expect("reading /proc/sys/kernel/osrelease")
+        .trim()
+        .to_owned()
+}
+
 /// `rdma-trace ARGS` run to its end, without a report.
 pub fn rdma_trace(args: &[&str]) -> Outcome {
     outcome(Command::new(RDMA_TRACE).args(args), || Value::Null)

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::{
     RDMA_TRACE,
-    harness::{KillOnDrop, probe, rdma_trace, run_json, signal, wait_tracing},
+    harness::{KillOnDrop, kernel_release, probe, rdma_trace, run_json, signal, wait_tracing},
     kprobes_left, read_json, roce_v2_gid_index, temp_json, wait_timeout,
 };
 
@@ -68,9 +68,7 @@ fn send_lat_pair(event: bool, iters: u32, port: u16, limit: u32) -> String {
 
 /// Whether this guest runs the 6.1 kernel.
 fn kernel_6_1() -> bool {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .expect("osrelease")
-        .starts_with("6.1.")
+    kernel_release().starts_with("6.1.")
 }
 
 /// `rdma-trace run --no-tui --json J [extra] -- sh -c CMD`: (status, stdout, report).

@@ -7,7 +7,7 @@ use std::{collections::HashMap, process::Command};
 
 use serde_json::Value;
 
-use super::harness::rdma_trace;
+use super::harness::{kernel_release, rdma_trace};
 
 /// Driver roots of the image, by the driver path their rows belong to.
 const ROOTS: [(&str, &str); 4] = [
@@ -65,13 +65,6 @@ impl Drop for DriverModules {
     }
 }
 
-fn release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap()
-        .trim()
-        .to_owned()
-}
-
 /// Rows by name from `rdma-trace probes --all-drivers --check --json`.
 fn check_all() -> HashMap<String, Value> {
     let out = rdma_trace(&["probes", "--all-drivers", "--check", "--json"]);
@@ -102,7 +95,7 @@ fn skipped_as(rows: &HashMap<String, Value>, name: &str, kind: &str) {
 
 #[test]
 fn driver_rows_attach_on_the_kernels_own_modules_or_name_the_kernel_fact() {
-    let release = release();
+    let release = kernel_release();
     let v612 = release.starts_with("6.12.");
     assert!(
         v612 || release.starts_with("6.1."),
