@@ -40,7 +40,7 @@ pub fn draw(f: &mut Frame, app: &App) {
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(body);
     // The table takes what its rows need (the attached probes, and one line for the skipped
     // ones); the heat map the space under it, at least HEAT_MIN rows (the table scrolls then).
-    let attached = app.probes.iter().filter(|r| r.skipped.is_none()).count();
+    let attached = app.selectable().len();
     let skipped_line = u16::from(attached < app.probes.len());
     let [list, heat] = Layout::vertical([
         Constraint::Max(attached as u16 + skipped_line + 3),
@@ -100,10 +100,12 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App) {
     // Attached probes, then one line for those skipped here (the start-up table and the report
     // say why for each): on a machine with one RDMA driver, the other drivers' rows would fill
     // the table.
-    let skipped = app.probes.iter().filter(|r| r.skipped.is_some()).count();
-    let attached = app.probes.iter().filter(|r| r.skipped.is_none());
+    let attached = app.selectable();
+    let skipped = app.probes.len() - attached.len();
     let mut rows: Vec<Row> = attached
-        .map(|r| {
+        .iter()
+        .map(|&i| {
+            let r = &app.probes[i];
             Row::new([
                 r.name.to_string(),
                 r.count.to_string(),
@@ -133,12 +135,9 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App) {
     .block(Block::bordered().title(" probes (Tab/↑↓) "))
     .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED));
     // The selected probe's row among the attached ones.
-    let selected = app.selected_index().map(|i| {
-        app.probes[..i]
-            .iter()
-            .filter(|r| r.skipped.is_none())
-            .count()
-    });
+    let selected = app
+        .selected_index()
+        .and_then(|i| attached.iter().position(|&a| a == i));
     let mut state = TableState::default().with_selected(selected);
     f.render_stateful_widget(table, area, &mut state);
 }
