@@ -356,7 +356,7 @@ impl Waterfall {
         let all: Vec<WfCounts> = crate::batch::lookup_range(counts, 0, WF_THREADS, cpus)?;
         let mut out = Vec::new();
         for (slot, per_cpu) in (0..WF_THREADS).zip(all.chunks_exact(cpus)) {
-            if per_cpu.iter().all(|c| c.counters.iter().all(|&x| x == 0)) {
+            if unused(per_cpu) {
                 continue;
             }
             let info: Vec<WfThread> = crate::batch::lookup_range(threads, slot, 1, 1)?;
@@ -397,7 +397,7 @@ impl Waterfall {
                 .iter()
                 .copied()
                 .collect();
-            if per_cpu.iter().all(|c| c.counters.iter().all(|&x| x == 0)) {
+            if unused(&per_cpu) {
                 continue;
             }
             let info = threads
@@ -481,6 +481,11 @@ impl Waterfall {
             .as_ref()
             .map_or_else(Vec::new, |s| s.borrow().events())
     }
+}
+
+/// A thread slot no event has counted in, on any CPU.
+fn unused(per_cpu: &[WfCounts]) -> bool {
+    per_cpu.iter().all(|c| c.counters.iter().all(|&x| x == 0))
 }
 
 /// One thread slot as read from the maps: (slot, owner, per-CPU counters, per-CPU values of
