@@ -82,8 +82,13 @@ pub type IntervalProbes = [u32; MAX_INTERVALS as usize];
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeRow {
-    /// C_EVENTS, C_RECORDED, C_UNMATCHED.
+    /// C_EVENTS, C_RECORDED, C_UNMATCHED. The programs leave C_RECORDED at 0: it is the sum of
+    /// the slots, which the loader computes (one atomic add fewer per recorded value).
     pub counters: [u64; NR_COUNTERS as usize],
+    /// Start time of the running call, softirq or IRQ handler this row times, on this CPU (0:
+    /// none). Kept in the row, not in a map of its own, so that an entry or a return looks up
+    /// one map value.
+    pub start: u64,
     /// Histogram slots (see [`hist_slot`]).
     pub slots: [u64; HIST_SLOTS as usize],
 }
@@ -210,9 +215,10 @@ mod tests {
     fn a_probe_row_fits_a_per_cpu_map_value() {
         // The kernel caps a per-CPU value at 32 KiB.
         assert!(core::mem::size_of::<ProbeRow>() <= 32 * 1024);
+        // Counters, the start time and the slots, without padding.
         assert_eq!(
             core::mem::size_of::<ProbeRow>(),
-            8 * (NR_COUNTERS + HIST_SLOTS) as usize
+            8 * (NR_COUNTERS + 1 + HIST_SLOTS) as usize
         );
     }
 }

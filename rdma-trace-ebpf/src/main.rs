@@ -43,8 +43,8 @@ use aya_ebpf::{
     programs::{FEntryContext, FExitContext, ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use rdma_trace_common::{
-    C_EVENTS, C_RECORDED, C_UNMATCHED, IntervalProbes, KSlot, MAX_INTERVALS, MAX_IRQS, MAX_KSLOTS,
-    MAX_PROBES, NO_PROBE, NR_SOFTIRQS, ProbeRow, hist_slot,
+    C_EVENTS, C_UNMATCHED, IntervalProbes, KSlot, MAX_INTERVALS, MAX_IRQS, MAX_KSLOTS, MAX_PROBES,
+    NO_PROBE, NR_SOFTIRQS, ProbeRow, hist_slot,
     workload::{
         MAX_PROCS, TL_FUNC_ENTRY, TL_FUNC_RETURN, TL_IRQ_ENTRY, TL_IRQ_EXIT, TL_NAPI_POLL,
         TL_SOFTIRQ_ENTRY, TL_SOFTIRQ_EXIT,
@@ -78,15 +78,14 @@ fn config<T: Copy>(v: &T) -> T {
 
 // ---- maps
 
-/// Per probe, its counters and histogram on this CPU.
+/// Per probe, its counters, histogram and start time on this CPU. A kernel function's entry
+/// time is its row's `start`: the traced functions run in softirq, tasklet or non-sleeping
+/// process context, so entry and return happen on one CPU with nothing of the same function in
+/// between. A call that sleeps or migrates anyway ends unmatched (counted) instead of being
+/// mis-timed by much. Cheaper than a hash map keyed by thread, and an entry or a return looks up
+/// one map value (each probe times one function, softirq vector or set of IRQ lines).
 #[map]
 static ROWS: PerCpuArray<ProbeRow> = PerCpuArray::with_max_entries(MAX_PROBES, 0);
-/// Entry time of the kernel function in each slot, per CPU. The traced functions run in
-/// softirq, tasklet or non-sleeping process context: entry and return happen on one CPU with
-/// nothing of the same slot in between. A call that sleeps or migrates anyway ends unmatched
-/// (counted) instead of being mis-timed by much. Cheaper than a hash map keyed by thread.
-#[map]
-static KSTART: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_KSLOTS, 0);
 /// Entry time per (thread id << 32 | user-probe marker | probe): user threads block inside
 /// the probed functions (ibv_get_cq_event) and may migrate.
 #[map]
@@ -98,15 +97,9 @@ static TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PROCS, 0);
 /// Start time of each interval (global: the end usually runs on another CPU and thread).
 #[map]
 static INTERVAL_START: Array<u64> = Array::with_max_entries(MAX_INTERVALS, 0);
-/// Start time of the running softirq, per vector (softirqs do not migrate or nest per vector).
-#[map]
-static SOFTIRQ_START: PerCpuArray<u64> = PerCpuArray::with_max_entries(NR_SOFTIRQS, 0);
 /// Probe timing the handlers of each traced IRQ number.
 #[map]
 static IRQ_PROBE: HashMap<u32, u32> = HashMap::with_max_entries(MAX_IRQS, 0);
-/// Start time of the running hard IRQ handler on this CPU.
-#[map]
-static IRQ_START: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 // ---- recording
 //
@@ -120,12 +113,12 @@ static IRQ_START: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 // plain `+= 1` (load, add, store) would then lose the inner add, so every add to ROWS is an
 // atomic add (BPF_XADD: a `lock` add on this CPU's value, uncontended and cheap).
 //
-// The start slots (KSTART, SOFTIRQ_START, IRQ_START) need no atomics: each access is one
-// aligned 8-byte load or store, so a nested program sees a whole value, and a nested entry
-// always returns before the code it interrupted goes on. Softirqs do not nest on a CPU, nor do
-// hard IRQ handlers. A traced function that runs again in an interrupt on the same CPU
-// overwrites and clears its slot: the interrupted call then finds no start and is counted as
-// unmatched, never mis-timed.
+// The start times (a row's `start`) need no atomics: each access is one aligned 8-byte load or
+// store, so a nested program sees a whole value, and a nested entry always returns before the
+// code it interrupted goes on. Softirqs do not nest on a CPU (the start of a softirq row is that
+// of its vector), nor do hard IRQ handlers. A traced function that runs again in an interrupt on
+// the same CPU overwrites and clears its start: the interrupted call then finds none and is
+// counted as unmatched, never mis-timed.
 
 /// Adds 1 to the u64 at `p` atomically. `AtomicU64::fetch_add` is not offered on this target
 /// (its spec says no compare-and-swap), but the add is a plain BPF instruction: the intrinsic
@@ -141,34 +134,78 @@ fn add_one(p: *mut u64) {
     };
 }
 
+/// This CPU's row of `probe` (one map lookup).
 #[inline(always)]
-fn count(probe: u32, counter: u32) {
+fn row(probe: u32) -> Option<*mut ProbeRow> {
+    ROWS.get_ptr_mut(probe)
+}
+
+/// Adds 1 to `counter` of `probe`, whose row on this CPU is `row`.
+#[inline(always)]
+fn count_in(probe: u32, row: *mut ProbeRow, counter: u32) {
     if counter == C_EVENTS {
         workload::count_probe(probe);
     }
-    if let Some(row) = ROWS.get_ptr_mut(probe) {
-        // SAFETY: `row` points to this CPU's value of a per-CPU array: only a reference to
-        // the field is formed, and it is written through `add_one`.
-        if let Some(c) = unsafe { (*row).counters.get_mut(counter as usize) } {
-            add_one(c);
-        }
+    // SAFETY: `row` points to this CPU's value of a per-CPU array: only a reference to the
+    // field is formed, and it is written through `add_one`.
+    if let Some(c) = unsafe { (*row).counters.get_mut(counter as usize) } {
+        add_one(c);
+    }
+}
+
+/// Adds `value` to the histogram of `row`.
+#[inline(always)]
+fn record_in(row: *mut ProbeRow, value: u64) {
+    // LLVM knows hist_slot() < HIST_SLOTS and drops the bounds check, but the verifier cannot
+    // follow its arithmetic: make the slot opaque so the check stays in the program.
+    let slot = hist_slot(value) as usize;
+    // SAFETY: a volatile read of a local that was just written.
+    let slot = unsafe { core::ptr::read_volatile(&slot) };
+    // SAFETY: as in `count_in`.
+    if let Some(s) = unsafe { (*row).slots.get_mut(slot) } {
+        add_one(s);
+    }
+}
+
+/// Takes the start time of `row` on this CPU and clears it (0: none).
+#[inline(always)]
+fn take_start(row: *mut ProbeRow) -> u64 {
+    // SAFETY: this CPU's row; one aligned 8-byte load and store, see "recording" above.
+    unsafe { core::mem::replace(&mut (*row).start, 0) }
+}
+
+/// Sets the start time of `row` on this CPU; returns the one it replaces (0: none).
+#[inline(always)]
+fn set_start(row: *mut ProbeRow, t: u64) -> u64 {
+    // SAFETY: as in `take_start`.
+    unsafe { core::mem::replace(&mut (*row).start, t) }
+}
+
+/// The end of what `row` times, at `t`: its duration recorded, or an unmatched end counted.
+/// Returns false for an end without its start.
+#[inline(always)]
+fn end_in(probe: u32, row: *mut ProbeRow, t: u64) -> bool {
+    let start = take_start(row);
+    if start != 0 {
+        record_in(row, t.saturating_sub(start));
+        true
+    } else {
+        count_in(probe, row, C_UNMATCHED);
+        false
+    }
+}
+
+#[inline(always)]
+fn count(probe: u32, counter: u32) {
+    if let Some(r) = row(probe) {
+        count_in(probe, r, counter);
     }
 }
 
 #[inline(always)]
 fn record(probe: u32, value: u64) {
-    if let Some(row) = ROWS.get_ptr_mut(probe) {
-        // SAFETY: as in `count`.
-        let row = unsafe { &mut *row };
-        // LLVM knows hist_slot() < HIST_SLOTS and drops the bounds check, but the verifier
-        // cannot follow its arithmetic: make the slot opaque so the check stays in the program.
-        let slot = hist_slot(value) as usize;
-        // SAFETY: a volatile read of a local that was just written.
-        let slot = unsafe { core::ptr::read_volatile(&slot) };
-        if let Some(s) = row.slots.get_mut(slot) {
-            add_one(s);
-        }
-        add_one(&mut row.counters[C_RECORDED as usize]);
+    if let Some(r) = row(probe) {
+        record_in(r, value);
     }
 }
 
@@ -186,13 +223,12 @@ fn kentry(slot: usize) -> u32 {
     let t = now();
     timeline::emit(TL_FUNC_ENTRY, slot as u32, 0, t);
     workload::count_call(slot as u32);
-    if cfg.duration != NO_PROBE {
-        count(cfg.duration, C_EVENTS);
-        if let Some(p) = KSTART.get_ptr_mut(slot as u32) {
-            // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
-            if unsafe { core::mem::replace(&mut *p, t) } != 0 {
-                rare::busy_slot(slot as u32);
-            }
+    if cfg.duration != NO_PROBE
+        && let Some(r) = row(cfg.duration)
+    {
+        count_in(cfg.duration, r, C_EVENTS);
+        if set_start(r, t) != 0 {
+            rare::busy_slot(slot as u32);
         }
     }
     if cfg.starts < MAX_INTERVALS {
@@ -216,17 +252,11 @@ fn kreturn(slot: usize) -> u32 {
     let cfg: KSlot = config(&KSLOTS[slot]);
     let t = now();
     timeline::emit(TL_FUNC_RETURN, slot as u32, 0, t);
-    if cfg.duration != NO_PROBE {
-        // SAFETY: this CPU's start slot, taken and cleared; see "recording" above.
-        let start = KSTART
-            .get_ptr_mut(slot as u32)
-            .map_or(0, |p| unsafe { core::mem::replace(&mut *p, 0) });
-        if start != 0 {
-            record(cfg.duration, t.saturating_sub(start));
-        } else {
-            count(cfg.duration, C_UNMATCHED);
-            rare::unmatched_return(slot as u32);
-        }
+    if cfg.duration != NO_PROBE
+        && let Some(r) = row(cfg.duration)
+        && !end_in(cfg.duration, r, t)
+    {
+        rare::unmatched_return(slot as u32);
     }
     if cfg.ends < MAX_INTERVALS
         && let Some(p) = INTERVAL_START.get_ptr_mut(cfg.ends)
@@ -347,14 +377,13 @@ fn softirq_probe(ctx: &RawTracePointContext) -> Option<(u32, u32)> {
 
 #[raw_tracepoint(tracepoint = "softirq_entry")]
 pub fn softirq_entry(ctx: RawTracePointContext) -> i32 {
-    if let Some((vec, probe)) = softirq_probe(&ctx) {
-        count(probe, C_EVENTS);
+    if let Some((vec, probe)) = softirq_probe(&ctx)
+        && let Some(r) = row(probe)
+    {
+        count_in(probe, r, C_EVENTS);
         let t = now();
         timeline::emit(TL_SOFTIRQ_ENTRY, vec, 0, t);
-        if let Some(p) = SOFTIRQ_START.get_ptr_mut(vec) {
-            // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
-            unsafe { *p = t };
-        }
+        set_start(r, t);
     }
     0
 }
@@ -362,17 +391,11 @@ pub fn softirq_entry(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "softirq_exit")]
 pub fn softirq_exit(ctx: RawTracePointContext) -> i32 {
     if let Some((vec, probe)) = softirq_probe(&ctx)
-        && let Some(p) = SOFTIRQ_START.get_ptr_mut(vec)
+        && let Some(r) = row(probe)
     {
         let t = now();
         timeline::emit(TL_SOFTIRQ_EXIT, vec, 0, t);
-        // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
-        let start = unsafe { core::mem::replace(&mut *p, 0) };
-        if start != 0 {
-            record(probe, t.saturating_sub(start));
-        } else {
-            count(probe, C_UNMATCHED);
-        }
+        end_in(probe, r, t);
     }
     0
 }
@@ -388,14 +411,13 @@ fn irq_probe(ctx: &RawTracePointContext) -> Option<u32> {
 
 #[raw_tracepoint(tracepoint = "irq_handler_entry")]
 pub fn irq_handler_entry(ctx: RawTracePointContext) -> i32 {
-    if let Some(probe) = irq_probe(&ctx) {
-        count(probe, C_EVENTS);
+    if let Some(probe) = irq_probe(&ctx)
+        && let Some(r) = row(probe)
+    {
+        count_in(probe, r, C_EVENTS);
         let t = now();
         timeline::emit(TL_IRQ_ENTRY, ctx.arg::<u64>(0) as u32, 0, t);
-        if let Some(p) = IRQ_START.get_ptr_mut(0) {
-            // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
-            unsafe { *p = t };
-        }
+        set_start(r, t);
     }
     0
 }
@@ -403,17 +425,11 @@ pub fn irq_handler_entry(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "irq_handler_exit")]
 pub fn irq_handler_exit(ctx: RawTracePointContext) -> i32 {
     if let Some(probe) = irq_probe(&ctx)
-        && let Some(p) = IRQ_START.get_ptr_mut(0)
+        && let Some(r) = row(probe)
     {
         let t = now();
         timeline::emit(TL_IRQ_EXIT, ctx.arg::<u64>(0) as u32, 0, t);
-        // SAFETY: this CPU's start slot in a per-CPU array; see "recording" above.
-        let start = unsafe { core::mem::replace(&mut *p, 0) };
-        if start != 0 {
-            record(probe, t.saturating_sub(start));
-        } else {
-            count(probe, C_UNMATCHED);
-        }
+        end_in(probe, r, t);
     }
     0
 }
@@ -423,11 +439,16 @@ pub fn irq_handler_exit(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "napi_poll")]
 pub fn napi_poll(ctx: RawTracePointContext) -> i32 {
     let probe = config(&NAPI_PROBE);
-    if probe != NO_PROBE {
-        count(probe, C_EVENTS);
+    if probe != NO_PROBE
+        && let Some(r) = row(probe)
+    {
+        count_in(probe, r, C_EVENTS);
         let work: u64 = ctx.arg(1);
-        timeline::emit(TL_NAPI_POLL, 0, (work & 0xFFFF_FFFF) as u32, now());
-        record(probe, work & 0xFFFF_FFFF);
+        // The clock is read only for the timeline: a helper call is most of this program's cost.
+        if timeline::on() {
+            timeline::emit(TL_NAPI_POLL, 0, (work & 0xFFFF_FFFF) as u32, now());
+        }
+        record_in(r, work & 0xFFFF_FFFF);
     }
     0
 }

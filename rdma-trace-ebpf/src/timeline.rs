@@ -23,9 +23,15 @@ static TIMELINE_EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 #[map]
 static TIMELINE_DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// Whether timeline records are emitted (a constant for the verifier).
+#[inline(always)]
+pub fn on() -> bool {
+    config(&TIMELINE) != 0
+}
+
 #[inline(always)]
 pub fn emit(kind: u32, id: u32, arg: u32, ts_ns: u64) {
-    if config(&TIMELINE) == 0 {
+    if !on() {
         return;
     }
     match TIMELINE_EVENTS.reserve::<TimelineEvent>(0) {

@@ -13,7 +13,9 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
 };
-use rdma_trace_common::{C_EVENTS, HIST_SLOTS, MAX_PROBES, NO_PROBE, NR_COUNTERS, ProbeRow};
+use rdma_trace_common::{
+    C_EVENTS, C_RECORDED, HIST_SLOTS, MAX_PROBES, NO_PROBE, NR_COUNTERS, ProbeRow,
+};
 
 use crate::{
     error::Unsupported,
@@ -569,6 +571,8 @@ fn sum_cpus<'a>(per_cpu: impl Iterator<Item = &'a ProbeRow>) -> ProbeData {
             *sum += v;
         }
     }
+    // The programs do not count what they record: every recorded value is one slot's count.
+    data.counters[C_RECORDED as usize] = slots.iter().sum();
     data.hist = Histogram::from_slots(slots);
     data
 }
