@@ -214,21 +214,27 @@ const SHADES: [(&str, Color); 4] = [
     ("█", Color::Red),
 ];
 
-/// Heat map lines: one per power-of-two row (slowest on top), one column per refresh (newest
-/// on the right), the shade by count.
-pub fn heat_lines(heat: &Heat, unit: Unit, width: usize, height: usize) -> Vec<Line<'static>> {
-    const LABEL: usize = 8;
-    let cols = width.saturating_sub(LABEL + 1).max(1);
-    let shown: Vec<&[u64; 65]> = heat.columns.iter().rev().take(cols).rev().collect();
-    let used: Vec<usize> = (0..65)
-        .filter(|&k| shown.iter().any(|c| c[k] != 0))
-        .collect();
-    let (Some(&lo), Some(&hi)) = (used.first(), used.last()) else {
-        return vec![Line::from("no events yet")];
-    };
+/// Width of a heat map row's label (its bucket's lower bound) and the space after it.
+const HEAT_LABEL: usize = 8;
+
+/// One row of the heat map: its bucket's label, and per column (oldest first) 0 for no event
+/// or 1..=4, the shade (`SHADES[n - 1]`).
+pub struct HeatRow {
+    pub label: String,
+    pub shades: Vec<u8>,
+}
+
+/// Heat map rows: one per power-of-two row (slowest on top), one column per refresh (newest
+/// on the right), the shade by count; `None` before the first event.
+pub fn heat_rows(heat: &Heat, unit: Unit, width: usize, height: usize) -> Option<Vec<HeatRow>> {
+    let cols = width.saturating_sub(HEAT_LABEL + 1).max(1);
+    let skip = heat.columns.len().saturating_sub(cols);
+    let shown = || heat.columns.iter().skip(skip);
+    let used = |k: usize| shown().any(|c| c[k] != 0);
+    let hi = (0..65).rev().find(|&k| used(k))?;
+    let lo = (0..=hi).find(|&k| used(k))?;
     let lo = lo.max(hi.saturating_sub(height.saturating_sub(1)));
-    let max = shown
-        .iter()
+    let max = shown()
         .flat_map(|c| c[lo..=hi].iter())
         .copied()
         .max()
@@ -238,46 +244,60 @@ pub fn heat_lines(heat: &Heat, unit: Unit, width: usize, height: usize) -> Vec<L
         Unit::Nanoseconds => pow2_label,
         Unit::Packets => plain,
     };
-    (lo..=hi)
-        .rev()
-        .map(|k| {
-            let mut spans = vec![Span::raw(format!(
-                "{:>w$} ",
-                fmt(Heat::row_lo(k)),
-                w = LABEL
-            ))];
-            for c in &shown {
-                let n = c[k];
-                if n == 0 {
-                    spans.push(Span::raw(" "));
-                } else {
-                    let i = ((n * SHADES.len() as u64).div_ceil(max) as usize).clamp(1, 4) - 1;
-                    let (ch, color) = SHADES[i];
-                    spans.push(Span::styled(ch, Style::default().fg(color)));
-                }
-            }
-            Line::from(spans)
-        })
-        .collect()
+    Some(
+        (lo..=hi)
+            .rev()
+            .map(|k| HeatRow {
+                label: format!("{:>w$} ", fmt(Heat::row_lo(k)), w = HEAT_LABEL),
+                shades: shown()
+                    .map(|c| match c[k] {
+                        0 => 0,
+                        n => ((n * SHADES.len() as u64).div_ceil(max)).clamp(1, 4) as u8,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    )
 }
 
+/// The heat map of the selected probe, written cell by cell into the frame's buffer (a
+/// Paragraph of one styled span per cell cost most of a refresh).
 fn draw_heat(f: &mut Frame, area: Rect, app: &App) {
     let (Some(r), Some(heat)) = (app.selected_probe(), app.selected_heat()) else {
         return;
     };
-    let lines = heat_lines(
-        heat,
-        r.unit,
-        area.width.saturating_sub(2) as usize,
-        area.height.saturating_sub(2) as usize,
-    );
-    f.render_widget(
-        Paragraph::new(lines).block(Block::bordered().title(format!(
-            " {} over time (rows: ≥ bucket; ░▒▓█ few → many) ",
-            r.name
-        ))),
-        area,
-    );
+    let block = Block::bordered().title(format!(
+        " {} over time (rows: ≥ bucket; ░▒▓█ few → many) ",
+        r.name
+    ));
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let buf = f.buffer_mut();
+    let Some(rows) = heat_rows(heat, r.unit, inner.width as usize, inner.height as usize) else {
+        buf.set_stringn(
+            inner.x,
+            inner.y,
+            "no events yet",
+            inner.width as usize,
+            Style::default(),
+        );
+        return;
+    };
+    for (row, y) in rows.iter().zip(inner.y..inner.bottom()) {
+        let (x, _) = buf.set_stringn(
+            inner.x,
+            y,
+            &row.label,
+            inner.width as usize,
+            Style::default(),
+        );
+        for (&shade, x) in row.shades.iter().zip(x..inner.right()) {
+            if shade > 0 {
+                let (ch, color) = SHADES[usize::from(shade) - 1];
+                buf[(x, y)].set_symbol(ch).set_fg(color);
+            }
+        }
+    }
 }
 
 /// Glyph and colour of each stage (distinct glyphs, so the bars read without colour too).
@@ -466,6 +486,41 @@ mod tests {
         let s = screen(&app, 120, 24);
         assert!(s.contains(" softirq NET_RX "), "selection moved: {s}");
         assert!(s.contains("[PAUSED]"), "{s}");
+    }
+
+    #[test]
+    fn heat_rows_show_the_newest_columns_slowest_row_on_top() {
+        let mut heat = Heat::default();
+        assert!(heat_rows(&heat, Unit::Nanoseconds, 40, 10).is_none());
+        // Three refreshes: 8 events in [1us, 2us), then 2 in [2us, 4us) and 1 in [1us, 2us),
+        // then nothing.
+        let (r1, r2) = (Heat::row(1024), Heat::row(2048));
+        let mut col = [0u64; 65];
+        col[r1] = 8;
+        heat.columns.push_back(col);
+        let mut col = [0u64; 65];
+        col[r1] = 1;
+        col[r2] = 2;
+        heat.columns.push_back(col);
+        heat.columns.push_back([0; 65]);
+        let rows = heat_rows(&heat, Unit::Nanoseconds, 40, 10).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].label, "     2us ");
+        assert_eq!(
+            rows[0].shades,
+            [0, 1, 0],
+            "2 of at most 8: the lightest shade"
+        );
+        assert_eq!(rows[1].label, "     1us ");
+        assert_eq!(rows[1].shades, [4, 1, 0]);
+        // Room for two columns (8 + 1 + 2): the two newest, shaded against their own most (2).
+        let rows = heat_rows(&heat, Unit::Nanoseconds, 11, 10).unwrap();
+        assert_eq!(rows[0].shades, [4, 0]);
+        assert_eq!(rows[1].shades, [2, 0]);
+        // One row of room: the slowest row stays.
+        let rows = heat_rows(&heat, Unit::Nanoseconds, 40, 1).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].label, "     2us ");
     }
 
     #[test]

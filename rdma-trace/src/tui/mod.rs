@@ -307,6 +307,10 @@ fn sparkline(r: &crate::report::ProbeReport) -> String {
     format!("{lo} {bars}")
 }
 
+/// How long the key reader waits for a key before it looks at its stop flag: the longest a
+/// closing screen waits for it, and 5 wake-ups a second of an idle reader.
+const KEY_POLL: Duration = Duration::from_millis(200);
+
 /// The ratatui terminal in raw mode on the alternate screen, and a thread reading keys.
 pub struct Screen {
     terminal: ratatui::DefaultTerminal,
@@ -327,7 +331,7 @@ impl Screen {
             .spawn(move || {
                 use crossterm::event::{Event, poll, read};
                 while !flag.load(Ordering::Relaxed) {
-                    match poll(Duration::from_millis(50)) {
+                    match poll(KEY_POLL) {
                         Ok(true) => match read() {
                             Ok(Event::Key(k)) => {
                                 if let Some(k) = Key::from_event(&k)
