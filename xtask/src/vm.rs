@@ -76,6 +76,10 @@ pub struct Args {
     /// stdin and stdout to be terminals.
     #[arg(short = 't', long)]
     interactive: bool,
+    /// Under TCG, run both vCPUs in one host thread: slower, but kernel text patched while
+    /// another vCPU runs it is seen at once (see `cargo xtask test`'s --enforce boot).
+    #[arg(long)]
+    one_tcg_thread: bool,
     /// The command to run in the guest (after `--`).
     #[arg(
         trailing_var_arg = true,
@@ -127,6 +131,11 @@ pub struct GuestRun {
     /// Use the bench image: the test bed plus bpftrace and bpftool (`packages::BENCH_EXTRA`),
     /// cached separately. Give it 3 GiB of memory.
     pub bench: bool,
+    /// Under TCG, run every vCPU in one host thread (`-accel tcg,thread=single`). With one
+    /// thread per vCPU (the default, twice as fast on 2 cores), kernel text that one vCPU
+    /// patches while another runs it (kprobes detached under traffic) has crashed the guest
+    /// kernel; with one thread the other vCPU sees the new text at once.
+    pub one_tcg_thread: bool,
 }
 
 impl Default for GuestRun {
@@ -140,6 +149,7 @@ impl Default for GuestRun {
             mem_mib: 2048,
             bench: false,
             interactive: false,
+            one_tcg_thread: false,
         }
     }
 }
@@ -164,6 +174,7 @@ pub fn run(args: &Args) -> Result<i32> {
         mem_mib: args.mem,
         bench: args.bench_image,
         interactive: args.interactive,
+        one_tcg_thread: args.one_tcg_thread,
     })
 }
 
@@ -245,6 +256,7 @@ pub fn run_in_guest(r: &GuestRun) -> Result<i32> {
         boot_timeout: r.boot_timeout,
         deadline,
         interactive: r.interactive,
+        one_tcg_thread: r.one_tcg_thread,
     };
     say(format!(
         "booting {} ({}), prepared in {:.1} s",

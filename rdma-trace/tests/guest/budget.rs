@@ -1,7 +1,11 @@
 //! Guest tests of issue 14 (overhead budget): the start-up calibration, the estimate of what
-//! tracing adds per round trip, and `--probes` presets. `--enforce` has no guest test: it
-//! detaches kprobes while traffic runs, which has crashed the 6.1 guest kernel under QEMU TCG
-//! (README, "What does not work").
+//! tracing adds per round trip, `--probes` presets, and `--overhead-budget PCT --enforce`.
+//!
+//! The `--enforce` test detaches kprobes while the demo's traffic runs. Under QEMU TCG with one
+//! host thread per vCPU, kernel text that one vCPU patches while another executes it has
+//! crashed the 6.1 guest kernel (a stale translation of the kprobe's int3); `cargo xtask test`
+//! runs that test alone, in its own boot with both vCPUs in one TCG thread, where the patch is
+//! seen at once. It is `#[ignore]`d so that the suites' boots leave it out.
 
 use super::harness::run_json;
 
@@ -37,5 +41,83 @@ fn run_reports_the_estimate_and_the_minimal_preset_attaches_fewer_probes() {
     assert!(
         phase["dropped"].as_array().unwrap().is_empty(),
         "no --enforce"
+    );
+}
+
+/// Run in its own boot with one TCG thread (`cargo xtask test`, see the module doc).
+#[test]
+#[ignore = "cargo xtask test runs it in a boot of its own, with one TCG thread"]
+fn run_over_a_tight_budget_with_enforce_drops_probes_and_says_which() {
+    let run = run_json(
+        &[
+            "run",
+            "--no-tui",
+            "--mode",
+            "event",
+            "-i",
+            "2000",
+            "--interval",
+            "0.3",
+            "--overhead-budget",
+            "1",
+            "--enforce",
+        ],
+        "budget-enforce",
+    );
+    run.assert_success("rdma-trace run --enforce");
+    let (stdout, stderr, report) = (&run.stdout, &run.stderr, &run.report);
+    // The calibration measured every mechanism the guest has kprobes and raw tracepoints for.
+    assert!(stderr.contains("calibration ("), "{stderr}");
+    let mechanisms = report["calibration"]["mechanisms"]
+        .as_array()
+        .expect("calibration.mechanisms");
+    for m in ["kprobe", "kretprobe", "raw_tp"] {
+        let c = mechanisms
+            .iter()
+            .find(|c| c["mechanism"] == m)
+            .unwrap_or_else(|| panic!("no {m} in {mechanisms:?}"));
+        assert!(c["ns_per_hit"].is_number(), "{m} not measured: {c}");
+    }
+    assert_eq!(report["overhead_budget_percent"].as_f64(), Some(1.0));
+
+    let phase = &report["phases"][0];
+    let adds = &phase["overhead"]["tracing_adds"];
+    assert!(adds["us_per_round_trip"].as_f64().unwrap() > 0.0, "{adds}");
+    assert!(stdout.contains("tracing adds ≈"), "{stdout}");
+
+    // Under emulation every probe costs far more than 1 % of a round trip: some were dropped,
+    // named in the report with what was lost, and ran no more after the drop.
+    let dropped = phase["dropped"].as_array().expect("dropped");
+    assert!(!dropped.is_empty(), "nothing dropped: {phase}");
+    assert!(
+        stdout.contains("over the 1 % overhead budget; dropped:"),
+        "{stdout}"
+    );
+    let left: Vec<&str> = phase["overhead"]["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert!(!left.is_empty(), "the cheapest program is always kept");
+    for d in dropped {
+        assert!(!d["lost"].as_str().unwrap().is_empty(), "{d}");
+        for p in d["programs"].as_array().unwrap() {
+            let p = p.as_str().unwrap();
+            assert!(stdout.contains(p), "{p} not named in the report");
+            assert!(!left.contains(&p), "{p} dropped but still attached");
+        }
+    }
+    // The demo itself was not disturbed by the drops: its client sent every message.
+    let client = phase["demo"]["reports"]
+        .as_array()
+        .expect("demo reports")
+        .iter()
+        .find(|r| r["role"] == "client")
+        .expect("the client's report");
+    assert_eq!(
+        client["totals"]["messages_sent"].as_u64(),
+        Some(2000),
+        "{client}"
     );
 }

@@ -36,9 +36,11 @@ impl std::fmt::Display for Accel {
 }
 
 impl Accel {
-    fn args(self) -> [&'static str; 4] {
+    /// `one_tcg_thread`: every vCPU in one host thread (TCG only).
+    fn args(self, one_tcg_thread: bool) -> [&'static str; 4] {
         match self {
             Accel::Kvm => ["-accel", "kvm", "-cpu", "host"],
+            Accel::Tcg if one_tcg_thread => ["-accel", "tcg,thread=single", "-cpu", "max"],
             Accel::Tcg => ["-accel", "tcg,thread=multi", "-cpu", "max"],
         }
     }
@@ -90,6 +92,8 @@ pub struct Boot<'a> {
     pub deadline: Instant,
     /// Connect this terminal to the guest's console: keys in, bytes out unchanged.
     pub interactive: bool,
+    /// Under TCG, run every vCPU in one host thread (see `GuestRun::one_tcg_thread`).
+    pub one_tcg_thread: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -131,7 +135,7 @@ fn command(b: &Boot, accel: Accel) -> Command {
         "-M",
         "pc",
     ])
-    .args(accel.args())
+    .args(accel.args(b.one_tcg_thread))
     .args(["-m", &b.mem_mib.to_string(), "-smp", &b.smp.to_string()])
     .arg("-kernel")
     .arg(b.kernel)
