@@ -6,7 +6,9 @@
 //!   command, poll then event, with every probe of its table attached): histograms only;
 //! - W: the same with the completion waterfall (its default): histograms + waterfall;
 //! - C: bpftrace running `bench/equivalent.bt` (same probe points, hist() maps) around the same
-//!   two demo runs; D: bpftrace running `bench/empty.bt` (same points, empty bodies).
+//!   two demo runs; D: bpftrace running `bench/empty.bt` (same points, empty bodies);
+//! - S and T, after B: the loader's CPU at steady state over a fixed window, with `--no-tui`
+//!   (S) and in the live view at 4 Hz on a tmux screen (T).
 //!
 //! B's demo is a wrapper (`--demo`) that runs rdma-demo and then, while rdma-trace still has
 //! its probes attached, snapshots `bpftool prog show` / `bpftool perf show` and the tracer's
@@ -115,9 +117,9 @@ demo_running() {{
                          wait_mark {p}.err '{OURS_MARK}' $TP && snap {p}-attach $TP short\n\
                          wait $TP; echo \"{round},{v},$?\" >> $R/runs.csv"
                     );
-                    // The live view's CPU: once per round, beside B.
+                    // The loader's steady CPU, text and live view: once per round, beside B.
                     if v == "B" {
-                        let _ = writeln!(s, "{}", live_view_run(round));
+                        let _ = writeln!(s, "{}", steady_runs(round));
                     }
                 }
                 _ => {
@@ -149,39 +151,57 @@ demo_running() {{
     s
 }
 
-/// The live view's run (T): `rdma-trace run` in event mode on a tmux screen (160×48, 4 Hz),
-/// `q` once its demo has ended (or the view says so: a demo can run between two looks);
-/// its own report gives the loader's CPU over the phase.
-fn live_view_run(round: u32) -> String {
-    let p = format!("$R/r{round}-T");
+/// Seconds a steady run (S, T) runs before its CPU window starts (after all is attached).
+const STEADY_WARM_S: u32 = 3;
+/// The CPU window of a steady run, seconds.
+const STEADY_WINDOW_S: u32 = 8;
+
+/// The loader's CPU at steady state, in event mode with the demo running throughout (its
+/// `--duration` outlasts the window): S with `--no-tui` (the text view, once a second), T in
+/// the live view on a 160×48 tmux screen refreshing at 4 Hz (`q` once its demo has ended). Each
+/// takes /proc snapshots `-s0` and `-s1`, [`STEADY_WINDOW_S`] apart, [`STEADY_WARM_S`] after
+/// its probe table (everything attached).
+fn steady_runs(round: u32) -> String {
+    let (s, t) = (format!("$R/r{round}-S"), format!("$R/r{round}-T"));
+    let duration = STEADY_WARM_S + STEADY_WINDOW_S + 3;
+    let window = |p: &str| {
+        format!(
+            "sleep {STEADY_WARM_S}; snap {p}-s0 $TP short; sleep {STEADY_WINDOW_S}; snap {p}-s1 $TP short"
+        )
+    };
     format!(
-        "if ! command -v tmux >/dev/null; then echo 'no tmux in the guest: the live view is not measured'\n\
+        "timeout 300 rdma-trace run --no-tui --mode event -i 10000000 -S {SIZE} --duration {duration} \
+         > {s}.out 2> {s}.err & TP=$!\n\
+         wait_mark {s}.err '{OURS_MARK}' $TP && {{ {win_s}; }}\n\
+         wait $TP; echo \"{round},S,$?\" >> $R/runs.csv\n\
+         if ! command -v tmux >/dev/null; then echo 'no tmux in the guest: the live view is not measured'\n\
          elif ! LC_ALL=C.UTF-8 tmux -L rdma-bench new-session -d -s bench -x 160 -y 48 \"TERM=xterm-256color rdma-trace run --mode event \
-         -i {ITERATIONS} -S {SIZE} --json {p}.json 2> {p}.err; echo \\$? > {p}.rc\"; then\n\
+         -i 10000000 -S {SIZE} --duration {duration} 2> {t}.err; echo \\$? > {t}.rc\"; then\n\
          echo 'tmux did not start: the live view is not measured'; echo \"{round},T,none\" >> $R/runs.csv\n\
          else\n\
-         seen=0\n\
-         for i in $(seq 2400); do\n\
-         if demo_running; then seen=1; elif [ $seen = 1 ]; then break; fi\n\
+         for i in $(seq 400); do TP=$(pidof rdma-trace) && break; sleep 0.1; done\n\
+         [ -n \"$TP\" ] && wait_mark {t}.err '{OURS_MARK}' $TP && {{ {win_t}; }}\n\
+         for i in $(seq 400); do\n\
          tmux -L rdma-bench capture-pane -p -t bench 2>/dev/null | grep -q 'q to quit' && break\n\
-         [ -f {p}.rc ] && break; sleep 0.25\n\
+         [ -f {t}.rc ] && break; sleep 0.25\n\
          done\n\
-         sleep 0.5; tmux -L rdma-bench send-keys -t bench q\n\
-         for i in $(seq 100); do [ -f {p}.rc ] && break; sleep 0.1; done\n\
+         tmux -L rdma-bench send-keys -t bench q\n\
+         for i in $(seq 100); do [ -f {t}.rc ] && break; sleep 0.1; done\n\
          tmux -L rdma-bench kill-server 2>/dev/null\n\
-         echo \"{round},T,$(cat {p}.rc 2>/dev/null || echo none)\" >> $R/runs.csv\n\
-         fi"
+         echo \"{round},T,$(cat {t}.rc 2>/dev/null || echo none)\" >> $R/runs.csv\n\
+         fi",
+        win_s = window(&s),
+        win_t = window(&t),
     )
 }
 
-/// The loader's CPU (% of one core) over the phase of a live-view run, from its JSON report.
-fn live_view_cpu(path: &Path) -> Option<f64> {
-    read_json(path)?
-        .get("phases")?
-        .get(0)?
-        .get("overhead")?
-        .get("loader_cpu_percent")?
-        .as_f64()
+/// The loader's CPU (% of one core) over the window of steady run `v` (S or T) of a round.
+fn steady_cpu(dir: &Path, round: u32, v: &str, clk_tck: f64) -> Option<f64> {
+    let f = |s: &str| dir.join(format!("r{round}-{v}-{s}"));
+    let (t0, t1) = (read_u64(&f("s0.time"))?, read_u64(&f("s1.time"))?);
+    let c0 = cpu_ticks(&fs::read_to_string(f("s0.stat")).ok()?)?;
+    let c1 = cpu_ticks(&fs::read_to_string(f("s1.stat")).ok()?)?;
+    (t1 > t0).then(|| 100.0 * c1.saturating_sub(c0) as f64 / clk_tck / ((t1 - t0) as f64 / 1e6))
 }
 
 pub fn run(rounds: u32) -> Result<Section> {
@@ -756,20 +776,27 @@ fn report(dir: &Path, rounds: u32) -> Section {
         ],
     ];
     goal_row("start-up, rdma-trace / bpftrace (B / C)".into(), su, 0.2, 3);
+    let steady = |v: &str| {
+        let cpu: Vec<f64> = (1..=rounds)
+            .filter_map(|r| steady_cpu(dir, r, v, clk_tck))
+            .collect();
+        stats::median_ci(&cpu)
+    };
     goal_row(
-        "loader CPU with `--no-tui`, % of one core".into(),
-        b_cpu,
+        format!(
+            "loader CPU with `--no-tui`, steady state ({STEADY_WINDOW_S} s window, event mode), % of one core"
+        ),
+        steady("S"),
         2.0,
-        1,
+        2,
     );
-    let tui: Vec<f64> = (1..=rounds)
-        .filter_map(|r| live_view_cpu(&dir.join(format!("r{r}-T.json"))))
-        .collect();
     goal_row(
-        "loader CPU in the live view at 4 Hz (tmux, event mode), % of one core".into(),
-        stats::median_ci(&tui),
+        format!(
+            "loader CPU in the live view at 4 Hz, steady state (tmux, {STEADY_WINDOW_S} s window, event mode), % of one core"
+        ),
+        steady("T"),
         2.0,
-        1,
+        2,
     );
     goal_row("loader peak RSS, MiB".into(), b_rss, 25.0, 1);
     md.push_str(&table(
@@ -797,10 +824,14 @@ fn report(dir: &Path, rounds: u32) -> Section {
         &["goal", "ratio or figure [95 % CI]", "verdict"],
         &goals,
     ));
-    md.push_str(
-        "\nThe live view's CPU comes from a run T in each round, after B: `rdma-trace run \
-         --mode event` on a 160×48 tmux screen refreshing at 4 Hz, its loader's CPU over the \
-         phase as its own report gives it (getrusage); `q` once the demo has ended.\n",
+    let _ = writeln!(
+        md,
+        "\nThe loader's steady-state CPU comes from two runs in each round, after B, in event mode \
+         with the demo running throughout: S with `--no-tui` (its text view, once a second) and \
+         T in the live view on a 160×48 tmux screen refreshing at 4 Hz. Each is the loader's \
+         utime + stime from /proc over a {STEADY_WINDOW_S} s window that starts {STEADY_WARM_S} s \
+         after its probe table (all attached), over the window's wall time. The B figure in the \
+         table above also holds the phase's start and end (the demo's set-up, reports)."
     );
     let failed = failed_runs(dir);
     if !failed.is_empty() {
@@ -929,7 +960,7 @@ mod tests {
     #[test]
     fn script_runs_every_variant_each_round() {
         let s = script(2);
-        assert_eq!(s.matches("rdma-trace run --no-tui").count(), 4);
+        assert_eq!(s.matches("rdma-trace run --no-tui").count(), 6);
         assert_eq!(
             s.matches("rdma-trace run --no-tui --no-waterfall --mode both")
                 .count(),
@@ -947,7 +978,20 @@ mod tests {
                 .count(),
             2
         );
-        assert!(s.contains("--json $R/r2-T.json"));
+        // S and T: a steady CPU window each, the demo running throughout.
+        assert_eq!(
+            s.matches("rdma-trace run --no-tui --mode event -i 10000000")
+                .count(),
+            2
+        );
+        for v in ["S", "T"] {
+            assert!(
+                s.contains(&format!(
+                    "snap $R/r2-{v}-s0 $TP short; sleep 8; snap $R/r2-{v}-s1"
+                )),
+                "{s}"
+            );
+        }
         assert!(!s.contains("{{") && !s.contains("\\\\$?"), "plain bash");
         // A, C and D run the demo as rdma-trace does: 3 variants x 2 modes x 2 rounds.
         assert_eq!(
@@ -998,12 +1042,20 @@ mod tests {
         // No BPF snapshots: those rows say so instead of inventing a verdict.
         assert!(goal("poll: BPF time per demo iteration").ends_with("| - | no data |"));
         assert!(goal("loader CPU in the live view").contains("no data"));
-        fs::write(
-            dir.join("r1-T.json"),
-            r#"{"phases":[{"overhead":{"loader_cpu_percent":1.5}}]}"#,
-        )
-        .unwrap();
-        assert_eq!(live_view_cpu(&dir.join("r1-T.json")), Some(1.5));
+        // A steady window: 15 ticks of 100 Hz over 10 s is 1.5 % of a core.
+        let snap = |s: &str, time: u64, ticks: u64| {
+            fs::write(dir.join(format!("r1-T-{s}.time")), time.to_string()).unwrap();
+            fs::write(
+                dir.join(format!("r1-T-{s}.stat")),
+                format!("42 (rdma-trace) S 1 2 3 4 5 6 7 8 9 10 {ticks} 0 0 0"),
+            )
+            .unwrap();
+        };
+        snap("s0", 5_000_000, 100);
+        snap("s1", 15_000_000, 115);
+        let cpu = steady_cpu(&dir, 1, "T", 100.0).unwrap();
+        assert!((cpu - 1.5).abs() < 1e-9, "{cpu}");
+        assert_eq!(steady_cpu(&dir, 1, "S", 100.0), None, "no S snapshots");
         assert!(md.contains("ratio to D [95 % CI]"));
         let _ = fs::remove_dir_all(&dir);
     }
