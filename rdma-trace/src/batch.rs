@@ -24,6 +24,14 @@ struct BatchAttr {
     flags: u64,
 }
 
+/// The number of possible CPUs (the values of a per-CPU map element), read from sysfs once per
+/// process: aya's `nr_cpus` opens and parses the file at every call, and the views need it at
+/// every refresh.
+pub fn possible_cpus() -> Option<usize> {
+    static CPUS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| aya::util::nr_cpus().ok())
+}
+
 /// Every row of a per-CPU array of `entries` [`ProbeRow`]s, `cpus` (possible CPUs) values per
 /// key, key-major: row `k` of CPU `c` is at `k * cpus + c`. `None` when the kernel refuses the
 /// batched lookup (the caller then reads key by key) or returns fewer rows.

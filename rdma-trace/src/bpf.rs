@@ -520,8 +520,17 @@ impl Bpf {
         let aya::maps::Map::PerCpuArray(data) = self.ebpf.map("ROWS")? else {
             return None;
         };
-        let cpus = aya::util::nr_cpus().ok()?;
-        let rows = crate::batch::lookup_rows(data.fd().as_fd().as_raw_fd(), MAX_PROBES, cpus)?;
+        let cpus = crate::batch::possible_cpus()?;
+        // The rows up to the highest probe id asked for: the rest of the array is unused.
+        let entries = ids
+            .iter()
+            .max()
+            .map_or(0, |&m| m.saturating_add(1))
+            .min(MAX_PROBES);
+        if entries == 0 {
+            return Some(HashMap::new());
+        }
+        let rows = crate::batch::lookup_rows(data.fd().as_fd().as_raw_fd(), entries, cpus)?;
         Some(
             ids.iter()
                 .filter(|&&id| id < MAX_PROBES)

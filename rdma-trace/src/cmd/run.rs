@@ -595,6 +595,10 @@ struct RunSource<'a> {
     dropped: Vec<Dropped>,
     /// The previous estimate's moment, round trips and program statistics.
     last: Option<(Instant, u64, Vec<ProgramStat>)>,
+    /// The programs' statistics as last read, and when: read at most every [`STATS_EVERY`].
+    stats: Option<(Instant, Vec<ProgramStat>, String)>,
+    /// The last estimate, made when the statistics were read.
+    added: Option<Added>,
     label: String,
     iterations: u32,
     /// Where the report (the phase) and the live view count from; the waterfall.
@@ -615,6 +619,8 @@ impl<'a> RunSource<'a> {
             budget,
             dropped: Vec::new(),
             last: None,
+            stats: None,
+            added: None,
             label,
             iterations,
             base,
@@ -688,11 +694,35 @@ impl<'a> RunSource<'a> {
                     .collect();
                 self.session.drop_programs(&names);
                 self.dropped.extend(drops);
+                self.stats = None;
                 // The next window starts after the drop.
                 self.last = Some((Instant::now(), round_trips, self.base.stats(self.session).0));
             }
         }
         Some(added)
+    }
+}
+
+/// How often the live view reads the programs' run-time statistics: one syscall per program,
+/// so at every 4 Hz refresh they would be most of the loader's syscalls; the overhead they
+/// feed is a rate over seconds.
+const STATS_EVERY: Duration = Duration::from_secs(1);
+
+impl RunSource<'_> {
+    /// The programs' statistics, read again when the last read is [`STATS_EVERY`] old, and
+    /// whether they were read now.
+    fn program_stats(&mut self) -> (Vec<ProgramStat>, String, bool) {
+        match &self.stats {
+            Some((at, stats, how)) if at.elapsed() < STATS_EVERY => {
+                (stats.clone(), how.clone(), false)
+            }
+            _ => {
+                let (stats, how) = self.base.stats(self.session);
+                let how = how.to_owned();
+                self.stats = Some((Instant::now(), stats.clone(), how.clone()));
+                (stats, how, true)
+            }
+        }
     }
 }
 
@@ -703,9 +733,8 @@ impl Source for RunSource<'_> {
     fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
         let now = self.session.snapshot()?;
         let phase = delta(&now, self.base.phase_data());
-        // One read of the program statistics per refresh, for the estimate and the footer.
-        let (stats, how) = self.base.stats(self.session);
-        let how = how.to_owned();
+        // One read of the program statistics a second at most, for the estimate and the footer.
+        let (stats, how, fresh) = self.program_stats();
         let progress = Progress {
             label: self.label.clone(),
             elapsed,
@@ -715,9 +744,12 @@ impl Source for RunSource<'_> {
         let mut sample = self
             .base
             .sample(self.session, &now, (&stats, &how), progress)?;
-        let added = self.estimate(&phase, &stats, &how);
+        // The estimate pairs the statistics with the round trips counted when they were read.
+        if fresh {
+            self.added = self.estimate(&phase, &stats, &how);
+        }
         if let Some(o) = sample.overhead.as_mut() {
-            o.tracing_adds = added;
+            o.tracing_adds = self.added;
         }
         let cq_posts = self
             .session
@@ -733,6 +765,8 @@ impl Source for RunSource<'_> {
     }
 
     fn reset(&mut self) -> Result<()> {
+        self.stats = None;
+        self.added = None;
         self.base.reset(self.session)
     }
 }

@@ -19,6 +19,8 @@ pub enum Key {
     Prev,
     Pause,
     Reset,
+    /// The terminal changed size (not a key: it only makes the view redraw).
+    Resize,
 }
 
 impl Key {
@@ -86,16 +88,21 @@ pub struct WaterfallView {
     pub total_mean_ns: Option<f64>,
 }
 
-/// Refreshes of history the heat map keeps (one column each).
+/// Columns of history the heat map keeps.
 pub const HEAT_COLUMNS: usize = 120;
+/// The time one heat map column covers: the refreshes within it add to the newest column, so
+/// the map scrolls once a second whatever the refresh rate (every scroll redraws all its cells).
+pub const HEAT_COLUMN: Duration = Duration::from_secs(1);
 
-/// Per probe: the last cumulative counts per power of two, and per refresh what was added.
+/// Per probe: the last cumulative counts per power of two, and per second what was added.
 #[derive(Clone, Debug)]
 pub struct Heat {
     last: [u64; 65],
     /// Oldest first; each column: counts per power-of-two row (row k = [2^(k-1), 2^k), row 0
     /// = [0, 1)).
     pub columns: VecDeque<[u64; 65]>,
+    /// When (the window's elapsed time) the newest column started.
+    column_at: Option<Duration>,
 }
 
 impl Default for Heat {
@@ -103,6 +110,7 @@ impl Default for Heat {
         Heat {
             last: [0; 65],
             columns: VecDeque::new(),
+            column_at: None,
         }
     }
 }
@@ -122,7 +130,9 @@ impl Heat {
         if k == 0 { 0 } else { 1u64 << (k - 1) }
     }
 
-    fn push(&mut self, r: &ProbeReport) {
+    /// What `r` added since the last refresh, `at` into the window: into the newest column, or
+    /// a new one when that is [`HEAT_COLUMN`] old (or the window started over).
+    fn push(&mut self, r: &ProbeReport, at: Duration) {
         let mut now = [0u64; 65];
         for b in &r.log2 {
             now[Self::row(b.lo).min(64)] += b.count;
@@ -138,7 +148,17 @@ impl Heat {
             };
         }
         self.last = now;
-        self.columns.push_back(col);
+        let newest = match (self.column_at, self.columns.back_mut()) {
+            (Some(t0), Some(last)) if at >= t0 && at - t0 < HEAT_COLUMN => Some(last),
+            _ => None,
+        };
+        match newest {
+            Some(last) => last.iter_mut().zip(col).for_each(|(l, c)| *l += c),
+            None => {
+                self.columns.push_back(col);
+                self.column_at = Some(at);
+            }
+        }
         while self.columns.len() > HEAT_COLUMNS {
             self.columns.pop_front();
         }
@@ -186,7 +206,10 @@ impl App {
             return;
         }
         for r in s.probes.iter().filter(|r| r.skipped.is_none()) {
-            self.heat.entry(r.name.clone()).or_default().push(r);
+            self.heat
+                .entry(r.name.clone())
+                .or_default()
+                .push(r, self.progress.elapsed);
         }
         self.probes = s.probes;
         self.overhead = s.overhead;
@@ -206,6 +229,7 @@ impl App {
             Key::Prev => self.step(-1),
             Key::Pause => self.paused = !self.paused,
             Key::Reset => self.reset = true,
+            Key::Resize => {}
         }
     }
 
@@ -328,11 +352,18 @@ pub(crate) mod tests {
         }
     }
 
+    /// `sample` taken `ms` into the window.
+    fn sample_at(counts: &[(&'static str, u64, bool)], ms: u64) -> Sample {
+        let mut s = sample(counts);
+        s.progress.elapsed = Duration::from_millis(ms);
+        s
+    }
+
     #[test]
-    fn heat_map_columns_hold_what_each_refresh_added() {
+    fn heat_map_columns_hold_what_each_second_added() {
         let mut app = App::new("t");
-        app.update(sample(&[("a", 100, false)]));
-        app.update(sample(&[("a", 180, false)]));
+        app.update(sample_at(&[("a", 100, false)], 0));
+        app.update(sample_at(&[("a", 180, false)], 1000));
         let h = app.heat.get("a").unwrap();
         assert_eq!(h.columns.len(), 2);
         // report(): 3/4 of the count in [1024, 2048), 1/4 in [2048, 4096).
@@ -340,11 +371,20 @@ pub(crate) mod tests {
         assert_eq!(h.columns[1][Heat::row(1024)], 135 - 75);
         assert_eq!(h.columns[1][Heat::row(2048)], 45 - 25);
         assert_eq!(Heat::row_lo(Heat::row(2048)), 2048);
+        // Refreshes within the second add to its column.
+        app.update(sample_at(&[("a", 260, false)], 1250));
+        app.update(sample_at(&[("a", 340, false)], 1999));
+        let h = &app.heat["a"];
+        assert_eq!(h.columns.len(), 2);
+        assert_eq!(h.columns[1][Heat::row(1024)], 255 - 75);
         // A reset (counts drop) starts over instead of going negative.
-        app.update(sample(&[("a", 4, false)]));
+        app.update(sample_at(&[("a", 4, false)], 2000));
         assert_eq!(app.heat["a"].columns[2][Heat::row(1024)], 3);
-        for _ in 0..HEAT_COLUMNS + 5 {
-            app.update(sample(&[("a", 4, false)]));
+        // A new window (its time starts again) starts a column.
+        app.update(sample_at(&[("a", 8, false)], 100));
+        assert_eq!(app.heat["a"].columns.len(), 4);
+        for i in 0..HEAT_COLUMNS as u64 + 5 {
+            app.update(sample_at(&[("a", 4, false)], 3000 + 1000 * i));
         }
         assert_eq!(app.heat["a"].columns.len(), HEAT_COLUMNS);
         assert!(app.selected_heat().is_some());

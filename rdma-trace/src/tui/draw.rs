@@ -267,7 +267,7 @@ fn draw_heat(f: &mut Frame, area: Rect, app: &App) {
         return;
     };
     let block = Block::bordered().title(format!(
-        " {} over time (rows: ≥ bucket; ░▒▓█ few → many) ",
+        " {} over time (rows: ≥ bucket; ░▒▓█ few → many; a column a second) ",
         r.name
     ));
     let inner = block.inner(area);

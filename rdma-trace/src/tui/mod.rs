@@ -14,7 +14,7 @@ use std::{
     io::{IsTerminal as _, Write as _},
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU32, Ordering},
     },
     time::Duration,
 };
@@ -199,6 +199,11 @@ impl Live {
     fn render(&mut self) -> Result<()> {
         match &mut self.out {
             Output::Screen(s) => {
+                let size = s.resized.swap(0, Ordering::Relaxed);
+                if size != 0 {
+                    let area = ratatui::layout::Rect::new(0, 0, (size >> 16) as u16, size as u16);
+                    s.terminal.resize(area).context("resizing the live view")?;
+                }
                 s.terminal
                     .draw(|f| draw::draw(f, &self.app))
                     .context("drawing the live view")?;
@@ -312,18 +317,34 @@ fn sparkline(r: &crate::report::ProbeReport) -> String {
 const KEY_POLL: Duration = Duration::from_millis(200);
 
 /// The ratatui terminal in raw mode on the alternate screen, and a thread reading keys.
+///
+/// The viewport is fixed at the terminal's size and follows the terminal's resize events: a
+/// full-screen viewport asks the terminal for its size at every frame, which crossterm does by
+/// opening and closing `/dev/tty`.
 pub struct Screen {
     terminal: ratatui::DefaultTerminal,
     keys: mpsc::UnboundedReceiver<Key>,
+    /// The terminal's size from its last resize event (width << 16 | height), 0 for none.
+    resized: Arc<AtomicU32>,
     stop: Arc<AtomicBool>,
     reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Screen {
     fn enter() -> Result<Self> {
-        // try_init: raw mode, alternate screen, and a panic hook that restores the terminal.
-        let terminal = ratatui::try_init().context("setting up the terminal")?;
+        let (w, h) = crossterm::terminal::size().context("reading the terminal's size")?;
+        // try_init_with_options: raw mode, alternate screen, and a panic hook that restores the
+        // terminal.
+        let mut terminal = ratatui::try_init_with_options(ratatui::TerminalOptions {
+            viewport: ratatui::Viewport::Fixed(ratatui::layout::Rect::new(0, 0, w, h)),
+        })
+        .context("setting up the terminal")?;
+        // What was printed since the screen was entered goes: the first frame draws only the
+        // cells it changes.
+        terminal.clear().context("clearing the terminal")?;
         let (tx, keys) = mpsc::unbounded_channel();
+        let resized = Arc::new(AtomicU32::new(0));
+        let size = resized.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let reader = std::thread::Builder::new()
@@ -340,6 +361,13 @@ impl Screen {
                                     break;
                                 }
                             }
+                            Ok(Event::Resize(w, h)) => {
+                                size.store(u32::from(w) << 16 | u32::from(h), Ordering::Relaxed);
+                                // Wakes the view, which redraws at the new size.
+                                if tx.send(Key::Resize).is_err() {
+                                    break;
+                                }
+                            }
                             Ok(_) => {}
                             Err(_) => break,
                         },
@@ -352,6 +380,7 @@ impl Screen {
         Ok(Self {
             terminal,
             keys,
+            resized,
             stop,
             reader: Some(reader),
         })

@@ -352,20 +352,26 @@ impl Waterfall {
             }
         };
         let (threads, counts, hists) = (fd("WF_THREAD")?, fd("WF_COUNTS")?, fd("WF_HIST")?);
-        let cpus = aya::util::nr_cpus().ok()?;
-        let all: Vec<WfCounts> = crate::batch::lookup_range(counts, 0, WF_THREADS, cpus)?;
+        let cpus = crate::batch::possible_cpus()?;
+        // The owners first (a few hundred bytes): a slot's owner is written before anything is
+        // counted in it, so only owned slots (and the shared last one) are read further. The
+        // counters of all slots would be 1.7 KiB per slot and CPU at every refresh.
+        let owners: Vec<WfThread> = crate::batch::lookup_range(threads, 0, WF_THREADS, 1)?;
         let mut out = Vec::new();
-        for (slot, per_cpu) in (0..WF_THREADS).zip(all.chunks_exact(cpus)) {
-            if unused(per_cpu) {
+        for (slot, info) in (0..WF_THREADS).zip(owners) {
+            if !owned(slot, &info) {
                 continue;
             }
-            let info: Vec<WfThread> = crate::batch::lookup_range(threads, slot, 1, 1)?;
+            let per_cpu: Vec<WfCounts> = crate::batch::lookup_range(counts, slot, 1, cpus)?;
+            if unused(&per_cpu) {
+                continue;
+            }
             let hs: Vec<WfHist> =
                 crate::batch::lookup_range(hists, slot * WF_NHIST, WF_NHIST, cpus)?;
             out.push((
                 slot,
-                info[0],
-                per_cpu.to_vec(),
+                info,
+                per_cpu,
                 hs.chunks_exact(cpus).map(<[WfHist]>::to_vec).collect(),
             ));
         }
@@ -481,6 +487,13 @@ impl Waterfall {
             .as_ref()
             .map_or_else(Vec::new, |s| s.borrow().events())
     }
+}
+
+/// Whether thread slot `slot` has an owner: a thread took it (its first event writes its ids
+/// and name before counting), or it is the last slot, which threads share once the others
+/// are taken.
+fn owned(slot: u32, info: &WfThread) -> bool {
+    info.tid != 0 || info.comm[0] != 0 || slot == WF_THREADS - 1
 }
 
 /// A thread slot no event has counted in, on any CPU.
@@ -623,6 +636,24 @@ mod tests {
         ))
         .expect("fixture");
         assert!(mlx5_completion_irqs(&crate::kernel::parse_interrupts(&rxe_guest)).is_empty());
+    }
+
+    #[test]
+    fn a_slot_is_read_when_a_thread_took_it_or_it_is_the_shared_last_one() {
+        let none = WfThread {
+            tid: 0,
+            tgid: 0,
+            comm: [0; 16],
+        };
+        assert!(!owned(3, &none), "never taken");
+        assert!(
+            owned(WF_THREADS - 1, &none),
+            "the shared slot is always read"
+        );
+        assert!(owned(3, &WfThread { tid: 42, ..none }));
+        let mut named = none;
+        named.comm[0] = b'x';
+        assert!(owned(3, &named), "a name without a tid");
     }
 
     #[test]
