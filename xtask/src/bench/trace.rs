@@ -170,13 +170,13 @@ fn steady_runs(round: u32) -> String {
         )
     };
     format!(
-        "timeout 300 rdma-trace run --no-tui --mode event -i 10000000 -S {SIZE} --duration {duration} \
+        "timeout 300 rdma-trace run --no-tui --mode event -i 1000000 -S {SIZE} --duration {duration} \
          > {s}.out 2> {s}.err & TP=$!\n\
          wait_mark {s}.err '{OURS_MARK}' $TP && {{ {win_s}; }}\n\
          wait $TP; echo \"{round},S,$?\" >> $R/runs.csv\n\
          if ! command -v tmux >/dev/null; then echo 'no tmux in the guest: the live view is not measured'\n\
          elif ! LC_ALL=C.UTF-8 tmux -L rdma-bench new-session -d -s bench -x 160 -y 48 \"TERM=xterm-256color rdma-trace run --mode event \
-         -i 10000000 -S {SIZE} --duration {duration} 2> {t}.err; echo \\$? > {t}.rc\"; then\n\
+         -i 1000000 -S {SIZE} --duration {duration} 2> {t}.err; echo \\$? > {t}.rc\"; then\n\
          echo 'tmux did not start: the live view is not measured'; echo \"{round},T,none\" >> $R/runs.csv\n\
          else\n\
          for i in $(seq 400); do TP=$(pidof rdma-trace) && break; sleep 0.1; done\n\
@@ -980,7 +980,7 @@ mod tests {
         );
         // S and T: a steady CPU window each, the demo running throughout.
         assert_eq!(
-            s.matches("rdma-trace run --no-tui --mode event -i 10000000")
+            s.matches("rdma-trace run --no-tui --mode event -i 1000000")
                 .count(),
             2
         );
