@@ -144,8 +144,13 @@ fn command(b: &Boot, accel: Accel) -> Command {
     .args([
         "-append",
         // A soft lockup (a CPU that does not schedule for 60 s) panics, and the guest ends
-        // without a status at once instead of hanging until the run's timeout.
-        "console=ttyS0 quiet loglevel=3 panic=-1 softlockup_panic=1 watchdog_thresh=30 rdinit=/init",
+        // without a status at once instead of hanging until the run's timeout. The clock is
+        // the TSC, as on the machines rdma-trace is for: under TCG the kernel distrusts it and
+        // falls back to the HPET, whose every read is an emulated device access. That made
+        // each `bpf_ktime_get_ns` (two per timed call, in rdma-trace and bpftrace alike) and
+        // each `clock_gettime` of the loader (a syscall instead of the vDSO) cost most of what
+        // `cargo xtask bench` measured. TCG's TSC comes from one host clock for every vCPU.
+        "clocksource=tsc tsc=reliable console=ttyS0 quiet loglevel=3 panic=-1 softlockup_panic=1 watchdog_thresh=30 rdinit=/init",
         "-no-reboot",
     ]);
     if b.interactive {
