@@ -511,8 +511,8 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
 /// The guest test of `--overhead-budget 1 --enforce`, which detaches kprobes while the demo's
 /// traffic runs. It is `#[ignore]`d in the suites' boots: under TCG with a host thread per vCPU,
 /// kernel text one vCPU patches while the other runs it has crashed the 6.1 guest kernel (the
-/// other vCPU ran a stale translation of the kprobe's int3). Here it runs alone, in a boot whose
-/// vCPUs share one TCG thread, where a patch is seen at once.
+/// other vCPU is suspected to have run a stale translation of the patched text). Here it runs
+/// alone, in a boot whose vCPUs share one TCG thread, where a patch is seen at once.
 pub const ENFORCE_TEST: &str =
     "budget::run_over_a_tight_budget_with_enforce_drops_probes_and_says_which";
 

@@ -2,10 +2,10 @@
 //! tracing adds per round trip, `--probes` presets, and `--overhead-budget PCT --enforce`.
 //!
 //! The `--enforce` test detaches kprobes while the demo's traffic runs. Under QEMU TCG with one
-//! host thread per vCPU, kernel text that one vCPU patches while another executes it has
-//! crashed the 6.1 guest kernel (a stale translation of the kprobe's int3); `cargo xtask test`
-//! runs that test alone, in its own boot with both vCPUs in one TCG thread, where the patch is
-//! seen at once. It is `#[ignore]`d so that the suites' boots leave it out.
+//! host thread per vCPU, that has crashed the 6.1 guest kernel (kernel text patched while the
+//! other vCPU runs it is the suspect). `cargo xtask test` runs that test alone, in its own boot
+//! with both vCPUs in one TCG thread, where a patch is seen at once; it is `#[ignore]`d so
+//! that the suites' boots leave it out.
 
 use super::harness::run_json;
 
