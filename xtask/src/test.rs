@@ -347,7 +347,13 @@ fn live_view_in_tmux() -> Result<Vec<String>> {
         std::thread::sleep(Duration::from_secs(1));
     };
     if status != "0" {
-        bail!("`cargo xtask run` ended with status {status} after q");
+        // What the command said last (its error, or xtask's) is on the screen: it sleeps there.
+        let screen = tmux(&["capture-pane", "-p"]).unwrap_or_default();
+        let tail: Vec<&str> = screen.lines().filter(|l| !l.trim().is_empty()).collect();
+        bail!(
+            "`cargo xtask run` ended with status {status} after q; the screen ends with:\n{}",
+            tail[tail.len().saturating_sub(15)..].join("\n")
+        );
     }
     Ok(vec![format!(
         "live view in the guest: rxe_cq_post counted {count}, waterfall pane and heat map shown; q ended it with status 0"
