@@ -462,21 +462,7 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
             ..Default::default()
         })
     };
-    let mut code = boot()?;
-    // A guest kernel that panics (its oops is on the console above) is run once more, and the
-    // summary says so: under TCG, live kernel-text patching (kprobes attached and detached
-    // while traffic runs) has crashed the guest kernel in rare runs. A second panic fails.
-    let mut reran = None;
-    if code == vm::EXIT_NO_STATUS {
-        say(format!(
-            "the {} guest ended without a status (kernel panic: its oops is above); running \
-             its tests once more",
-            kernel.name()
-        ));
-        reran =
-            Some("the first boot's kernel panicked (oops on the console); this is the second boot");
-        code = boot()?;
-    }
+    let (code, reran) = boot_again_after_a_panic(&format!("the {} guest", kernel.name()), boot)?;
     let mut summaries = Vec::new();
     for (i, exe) in executables.iter().enumerate() {
         let read = |suffix: &str| {
@@ -514,6 +500,27 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
     Ok(summaries)
 }
 
+/// Runs `boot`, and once more when its guest kernel panicked (it ended without a status; its
+/// oops is on the console above): under TCG, live kernel-text patching (kprobes attached and
+/// detached while traffic runs) has crashed the guest kernel in rare runs. A second panic
+/// fails. Returns the last boot's status and, after a second boot, the line the summary adds.
+fn boot_again_after_a_panic(
+    what: &str,
+    boot: impl Fn() -> Result<i32>,
+) -> Result<(i32, Option<&'static str>)> {
+    let code = boot()?;
+    if code != vm::EXIT_NO_STATUS {
+        return Ok((code, None));
+    }
+    say(format!(
+        "{what} ended without a status (kernel panic: its oops is above); running it once more"
+    ));
+    Ok((
+        boot()?,
+        Some("the first boot's kernel panicked (oops on the console); this is the second boot"),
+    ))
+}
+
 /// The guest test of `--overhead-budget 1 --enforce`, which detaches kprobes while the demo's
 /// traffic runs. It is `#[ignore]`d in the suites' boots: under TCG with a host thread per vCPU,
 /// kernel text one vCPU patches while the other runs it has crashed the 6.1 guest kernel (the
@@ -543,17 +550,8 @@ fn enforce_test(kernel: vm::Kernel, exe: &std::path::Path) -> Result<Vec<String>
             ..Default::default()
         })
     };
-    let mut code = boot()?;
-    let mut reran = None;
-    if code == vm::EXIT_NO_STATUS {
-        say(format!(
-            "the {} --enforce guest ended without a status (kernel panic: its oops is above); \
-             running it once more",
-            kernel.name()
-        ));
-        reran = Some("the first boot's kernel panicked (oops on the console); this is the second");
-        code = boot()?;
-    }
+    let (code, reran) =
+        boot_again_after_a_panic(&format!("the {} --enforce guest", kernel.name()), boot)?;
     let out = std::fs::read_to_string(&log).unwrap_or_default();
     let mut summaries = suite_outcome(&out, "").summaries;
     if code != 0 || tests_run(&summaries) != 1 {
