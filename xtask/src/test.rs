@@ -110,6 +110,13 @@ pub fn run(args: &Args) -> Result<()> {
             }
             Ok(Vec::new())
         });
+        let first = kernel_rows(&args.kernels)
+            .into_iter()
+            .find_map(|(k, left_out)| left_out.is_none().then_some(k));
+        if let Some(kernel) = first {
+            let name = format!("a kernel panic resumes ({})", kernel.name());
+            test_step(&mut steps, &name, || resume_after_a_panic(kernel));
+        }
         for (kernel, not_selected) in kernel_rows(&args.kernels) {
             let name = format!("guest tests on {}", kernel.name());
             if let Some(why) = not_selected {
@@ -120,7 +127,9 @@ pub fn run(args: &Args) -> Result<()> {
                 skip(&mut steps, &name, "the guest build failed");
                 continue;
             }
-            test_step(&mut steps, &name, || guest_tests(kernel, &executables));
+            test_step(&mut steps, &name, || {
+                guest_tests(kernel, &executables, "test")
+            });
             let trace = guest
                 .iter()
                 .position(|(package, _)| package == "rdma-trace")
@@ -431,44 +440,117 @@ fn test_executable(package: &str, target: &str) -> Result<PathBuf> {
     bail!("cargo did not report an executable for test {package}/{target}")
 }
 
+/// Boots one layer may take: after a boot whose guest kernel panicked, the next one runs only
+/// the tests that have not passed yet, as long as each boot gets further than the one before.
+const MAX_BOOTS: u32 = 3;
+
 /// Run every guest test executable in one boot of `kernel`; each writes its log to the
-/// results folder, which gives the summaries back.
-fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String>> {
+/// results folder, which gives the summaries back. A boot whose kernel panicked (under TCG,
+/// live kernel-text patching has crashed the guest kernel in rare runs) is followed by one that
+/// resumes where it stopped; the summary names every panic with its oops.
+fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf], label: &str) -> Result<Vec<String>> {
     let results = target_dir()
         .join("vm-results")
-        .join(format!("test-{}", kernel.name()));
+        .join(format!("{label}-{}", kernel.name()));
     let _ = std::fs::remove_dir_all(&results);
     std::fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
-    let mut script = String::from(GUEST_RUNNER);
-    for (i, exe) in executables.iter().enumerate() {
-        let log = |suffix: &str| {
-            vm::shell_quote(&results.join(format!("{i}{suffix}.log")).to_string_lossy())
+    let n = executables.len();
+    // Per executable: its outcome once its runner finished, and the tests that passed in
+    // boots that panicked before it finished.
+    let mut finished: Vec<Option<SuiteOutcome>> = (0..n).map(|_| None).collect();
+    let mut passed_before: Vec<Vec<String>> = vec![Vec::new(); n];
+    // Tests that failed in such a boot (they run again in the next one): named in the summary.
+    let mut failed_before: Vec<Vec<String>> = vec![Vec::new(); n];
+    let mut panics: Vec<String> = Vec::new();
+    let mut code = 0;
+    for boot_no in 1..=MAX_BOOTS {
+        let log_path = |i: usize, suffix: &str| {
+            let boot = if boot_no == 1 {
+                String::new()
+            } else {
+                format!(".boot{boot_no}")
+            };
+            results.join(format!("{i}{boot}{suffix}.log"))
         };
-        script.push_str(&format!(
-            "suite {} {} {}\n",
-            vm::shell_quote(&exe.to_string_lossy()),
-            log(""),
-            log(".rerun"),
-        ));
-    }
-    script.push_str("exit $rc\n");
-    let boot = || {
-        vm::run_in_guest(&vm::GuestRun {
+        let pending: Vec<usize> = (0..n).filter(|&i| finished[i].is_none()).collect();
+        let mut script = String::from(GUEST_RUNNER);
+        for &i in &pending {
+            let quote = |p: PathBuf| vm::shell_quote(&p.to_string_lossy());
+            script.push_str(&format!(
+                "suite {} {} {}{}\n",
+                vm::shell_quote(&executables[i].to_string_lossy()),
+                quote(log_path(i, "")),
+                quote(log_path(i, ".rerun")),
+                skip_args(&passed_before[i]),
+            ));
+        }
+        script.push_str("exit $rc\n");
+        let end = vm::run_in_guest_to_end(&vm::GuestRun {
             kernel,
             // A safety net against a hung guest, not a speed goal: under TCG the suites take
             // 10-20 min on a quiet 2-core machine, and several times that on a loaded one.
             timeout: Duration::from_secs(2700),
-            cmd: vec![script.clone()],
+            cmd: vec![script],
             ..Default::default()
-        })
-    };
-    let (code, reran) = boot_again_after_a_panic(&format!("the {} guest", kernel.name()), boot)?;
+        })?;
+        code = end.code;
+        let mut progress = false;
+        for &i in &pending {
+            let read =
+                |suffix: &str| std::fs::read_to_string(log_path(i, suffix)).unwrap_or_default();
+            let (first, rerun) = (read(""), read(".rerun"));
+            if end.panic.is_none() || suite_finished(&first, &rerun) {
+                finished[i] = Some(suite_outcome(&first, &rerun));
+                progress = true;
+            } else {
+                failed_before[i].extend(
+                    first
+                        .lines()
+                        .filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... FAILED"))
+                        .map(str::to_owned),
+                );
+                let new = passed_tests(&first).chain(passed_tests(&rerun));
+                let before = passed_before[i].len();
+                passed_before[i].extend(new.map(str::to_owned));
+                passed_before[i].sort();
+                passed_before[i].dedup();
+                progress |= passed_before[i].len() > before;
+            }
+        }
+        let Some(digest) = end.panic else { break };
+        panics.push(format!(
+            "boot {boot_no}: the guest kernel panicked: {digest}"
+        ));
+        if finished.iter().all(Option::is_some) {
+            break;
+        }
+        if !progress {
+            bail!(
+                "{}; that boot got no further, so no boot follows",
+                panics.join("; ")
+            );
+        }
+        if boot_no == MAX_BOOTS {
+            bail!("{}; no boot is left", panics.join("; "));
+        }
+        say(format!(
+            "the {} guest's kernel panicked ({digest}); booting once more for the tests that have not passed",
+            kernel.name()
+        ));
+    }
     let mut summaries = Vec::new();
     for (i, exe) in executables.iter().enumerate() {
-        let read = |suffix: &str| {
-            std::fs::read_to_string(results.join(format!("{i}{suffix}.log"))).unwrap_or_default()
+        let Some(outcome) = &finished[i] else {
+            bail!(
+                "guest exited with status {code}; {} reported no test result{}",
+                exe.display(),
+                if panics.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", panics.join("; "))
+                }
+            );
         };
-        let outcome = suite_outcome(&read(""), &read(".rerun"));
         let Some(last) = outcome.summaries.last() else {
             bail!(
                 "guest exited with status {code}; {} reported no test result",
@@ -477,6 +559,21 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
         };
         if tests_run(&outcome.summaries) == 0 {
             bail!("{} ran no test in the guest: {last}", exe.display());
+        }
+        if !passed_before[i].is_empty() {
+            summaries.push(format!(
+                "{}, in boots whose kernel panicked before its runner finished: {} passed",
+                exe.file_name().unwrap_or_default().to_string_lossy(),
+                passed_before[i].len()
+            ));
+        }
+        failed_before[i].retain(|t| !passed_before[i].contains(t));
+        if !failed_before[i].is_empty() {
+            summaries.push(format!(
+                "{}: failed in a boot whose kernel then panicked, and ran again after it: {}",
+                exe.file_name().unwrap_or_default().to_string_lossy(),
+                failed_before[i].join(", ")
+            ));
         }
         summaries.extend(outcome.summaries.iter().cloned());
         if !outcome.passed_again.is_empty() {
@@ -490,34 +587,112 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf]) -> Result<Vec<String
             summaries.push(line);
         }
     }
-    if code != 0 {
+    let all_passed = finished.iter().flatten().all(|o| {
+        o.summaries
+            .last()
+            .is_some_and(|l| l.starts_with("test result: ok"))
+    });
+    // A kernel that panicked after the last runner finished leaves no status: the runners'
+    // own results decide then.
+    if (code != 0 && code != vm::EXIT_NO_STATUS) || !all_passed {
         bail!(
             "guest tests failed (status {code}): {}",
-            summaries.join("; ")
+            summaries
+                .iter()
+                .chain(&panics)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
         );
     }
-    summaries.extend(reran.map(str::to_owned));
+    summaries.extend(panics);
     Ok(summaries)
 }
 
-/// Runs `boot`, and once more when its guest kernel panicked (it ended without a status; its
-/// oops is on the console above): under TCG, live kernel-text patching (kprobes attached and
+/// The test bed's own check of `guest_tests`' resume: a stand-in test executable passes one
+/// test, then crashes the guest kernel (sysrq); the second boot must skip that test, run the
+/// other, and the summary must name the panic.
+fn resume_after_a_panic(kernel: vm::Kernel) -> Result<Vec<String>> {
+    let dir = target_dir().join("vm-results").join("resume-fixture");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let exe = dir.join("panics-once");
+    std::fs::write(&exe, PANICS_ONCE).with_context(|| format!("writing {}", exe.display()))?;
+    std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .with_context(|| format!("making {} executable", exe.display()))?;
+    let summaries = guest_tests(kernel, &[exe], "resume")?;
+    let has = |what: &str| summaries.iter().any(|l| l.contains(what));
+    if !has("boot 1: the guest kernel panicked: ") || !has("sysrq triggered crash") {
+        bail!("the summary does not name the first boot's panic: {summaries:?}");
+    }
+    if !has("panicked before its runner finished: 1 passed")
+        || !has("test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out")
+    {
+        bail!("the second boot did not resume after the passed test: {summaries:?}");
+    }
+    Ok(summaries)
+}
+
+/// A stand-in libtest executable for `resume_after_a_panic`: without `--skip resume::first` it
+/// passes that test and crashes the kernel; with it, it passes the other one.
+const PANICS_ONCE: &str = r#"#!/bin/sh
+case " $* " in
+  *" --exact --skip resume::first "*)
+    echo "test resume::second ... ok"
+    echo "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out; finished in 0.00s" ;;
+  *)
+    echo "test resume::first ... ok"
+    sleep 1
+    echo c > /proc/sysrq-trigger
+    sleep 60 ;;
+esac
+"#;
+
+/// `--skip NAME` for each test that already passed (the runner adds `--exact`).
+fn skip_args(passed: &[String]) -> String {
+    passed
+        .iter()
+        .map(|t| format!(" --skip {}", vm::shell_quote(t)))
+        .collect()
+}
+
+/// The tests a libtest log says passed.
+fn passed_tests(log: &str) -> impl Iterator<Item = &str> {
+    log.lines()
+        .filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... ok"))
+}
+
+/// Whether a runner ended: its first run passed, or its second run (of the tests that did not
+/// pass) printed its result.
+fn suite_finished(first: &str, rerun: &str) -> bool {
+    first.lines().any(|l| l.starts_with("test result: ok"))
+        || rerun.lines().any(|l| l.starts_with("test result:"))
+}
+
+/// Runs `boot`, and once more when its guest kernel panicked (it ended without a status; the
+/// summary names its oops): under TCG, live kernel-text patching (kprobes attached and
 /// detached while traffic runs) has crashed the guest kernel in rare runs. A second panic
 /// fails. Returns the last boot's status and, after a second boot, the line the summary adds.
 fn boot_again_after_a_panic(
     what: &str,
-    boot: impl Fn() -> Result<i32>,
-) -> Result<(i32, Option<&'static str>)> {
-    let code = boot()?;
-    if code != vm::EXIT_NO_STATUS {
-        return Ok((code, None));
-    }
+    boot: impl Fn() -> Result<vm::GuestEnd>,
+) -> Result<(i32, Option<String>)> {
+    let end = boot()?;
+    let Some(digest) = end.panic else {
+        return Ok((end.code, None));
+    };
     say(format!(
-        "{what} ended without a status (kernel panic: its oops is above); running it once more"
+        "{what}'s kernel panicked ({digest}); running it once more"
     ));
+    let again = boot()?;
+    if let Some(second) = again.panic {
+        bail!("{what}'s kernel panicked twice: {digest}; then {second}");
+    }
     Ok((
-        boot()?,
-        Some("the first boot's kernel panicked (oops on the console); this is the second boot"),
+        again.code,
+        Some(format!(
+            "the first boot's kernel panicked ({digest}); this is the second boot"
+        )),
     ))
 }
 
@@ -542,7 +717,7 @@ fn enforce_test(kernel: vm::Kernel, exe: &std::path::Path) -> Result<Vec<String>
         vm::shell_quote(&log.to_string_lossy()),
     );
     let boot = || {
-        vm::run_in_guest(&vm::GuestRun {
+        vm::run_in_guest_to_end(&vm::GuestRun {
             kernel,
             timeout: Duration::from_secs(900),
             cmd: vec![script.clone()],
@@ -560,7 +735,7 @@ fn enforce_test(kernel: vm::Kernel, exe: &std::path::Path) -> Result<Vec<String>
             summaries.join("; ")
         );
     }
-    summaries.extend(reran.map(str::to_owned));
+    summaries.extend(reran);
     Ok(summaries)
 }
 
@@ -595,18 +770,19 @@ run_logged() { # log exe args...
   kill $w 2> /dev/null; sleep 1.5; kill $t; wait $t $w 2> /dev/null
   return $st
 }
-suite() { # exe log rerun-log
-  echo "== $1"
-  run_logged "$2" "$1" && return
-  echo "== $1 failed: the tests that did not pass run once more"
-  if grep -q '^test result:' "$2"; then
+suite() { # exe log rerun-log [--skip TEST]... (tests an earlier boot passed)
+  s_exe=$1; s_log=$2; s_rerun=$3; shift 3
+  echo "== $s_exe"
+  run_logged "$s_log" "$s_exe" ${1:+--exact} "$@" && return
+  echo "== $s_exe failed: the tests that did not pass run once more"
+  if grep -q '^test result:' "$s_log"; then
     # The runner's own list of failures (the last `failures:` block).
-    again=$(awk '/^failures:$/ { n = "" } /^    [^ ]/ { n = n " " $1 } END { print n }' "$2")
-    run_logged "$3" "$1" --exact $again || rc=1
+    again=$(awk '/^failures:$/ { n = "" } /^    [^ ]/ { n = n " " $1 } END { print n }' "$s_log")
+    run_logged "$s_rerun" "$s_exe" --exact $again || rc=1
   else
     # Stopped by the watchdog: every test that had not passed.
-    skip=$(sed -n 's/^test \(.*\) \.\.\. ok$/--skip \1/p' "$2" | tr '\n' ' ')
-    run_logged "$3" "$1" --exact $skip || rc=1
+    skip=$(sed -n 's/^test \(.*\) \.\.\. ok$/--skip \1/p' "$s_log" | tr '\n' ' ')
+    run_logged "$s_rerun" "$s_exe" --exact "$@" $skip || rc=1
   fi
 }
 "#;
@@ -669,6 +845,69 @@ mod tests {
         let o = suite_outcome(first, "");
         assert!(o.passed_again.is_empty());
         assert_eq!(o.summaries.len(), 1);
+    }
+
+    #[test]
+    fn a_resumed_runner_skips_exactly_the_tests_an_earlier_boot_passed() {
+        let log = "test a::one ... ok\ntest a::two ... FAILED\ntest a::three ... ok\ntest a::fo";
+        let passed: Vec<String> = passed_tests(log).map(str::to_owned).collect();
+        assert_eq!(passed, ["a::one", "a::three"]);
+        assert_eq!(skip_args(&passed), " --skip a::one --skip a::three");
+        assert_eq!(skip_args(&[]), "");
+        // A runner whose kernel died mid-way has not finished; one whose rerun printed its
+        // result has, whatever it was.
+        assert!(!suite_finished(log, ""));
+        assert!(suite_finished("test result: ok. 2 passed; 0 failed", ""));
+        assert!(!suite_finished(
+            "test result: FAILED. 1 passed; 1 failed",
+            ""
+        ));
+        assert!(suite_finished(
+            "test result: FAILED. 1 passed; 1 failed",
+            "test result: FAILED. 0 passed; 1 failed"
+        ));
+    }
+
+    /// The guest runner itself, run by bash with a stand-in test executable that records its
+    /// arguments: a resumed suite passes `--exact` and the skips, a first one neither.
+    #[test]
+    fn the_guest_runner_passes_the_skips_to_the_test_executable() {
+        let dir = std::env::temp_dir().join(format!("xtask-runner-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("fake-tests");
+        let args = dir.join("args");
+        std::fs::write(
+            &exe,
+            format!(
+                "#!/bin/sh\necho \"$*\" >> {}\necho 'test x ... ok'\necho 'test result: ok. 1 passed; 0 failed'\n",
+                args.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let script = format!(
+            "{GUEST_RUNNER}suite {e} {d}/0.log {d}/0.rerun.log\nsuite {e} {d}/1.log {d}/1.rerun.log{}\nexit $rc\n",
+            skip_args(&["m::a".to_owned(), "m::b".to_owned()]),
+            e = exe.display(),
+            d = dir.display(),
+        );
+        // Not piped: the runner's watchdog leaves a `sleep` behind that would hold a pipe open.
+        let status = Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        let got = std::fs::read_to_string(&args).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(status.success(), "{status:?}");
+        assert_eq!(
+            got,
+            "--test-threads=1\n--exact --skip m::a --skip m::b --test-threads=1\n"
+        );
     }
 
     #[test]

@@ -184,9 +184,23 @@ pub fn on_terminal() -> bool {
     std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
 }
 
+/// How a guest run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestEnd {
+    /// The guest command's exit status, or 124 / 125 / 126 (see `EXIT_CODES_HELP`).
+    pub code: i32,
+    /// When the guest ended without a status (125): what its console said of it, in one line.
+    pub panic: Option<String>,
+}
+
 /// Prepares the cached images if needed, boots the guest, runs `r.cmd`, and returns its exit
 /// status (or 124 / 125 / 126, see `EXIT_CODES_HELP`). Builds nothing.
 pub fn run_in_guest(r: &GuestRun) -> Result<i32> {
+    run_in_guest_to_end(r).map(|end| end.code)
+}
+
+/// `run_in_guest`, with what the console said when the guest died without a status.
+pub fn run_in_guest_to_end(r: &GuestRun) -> Result<GuestEnd> {
     let started = Instant::now();
     if r.cmd.is_empty() {
         bail!("no guest command given");
@@ -275,6 +289,7 @@ pub fn run_in_guest(r: &GuestRun) -> Result<i32> {
             r.boot_timeout.as_secs()
         ));
     }
+    let mut panic = None;
     let code = match outcome {
         qemu::Outcome::Exit(status) => {
             if status != 0 {
@@ -289,13 +304,16 @@ pub fn run_in_guest(r: &GuestRun) -> Result<i32> {
             ));
             EXIT_TIMEOUT
         }
-        qemu::Outcome::NoExitMarker => {
-            say("the guest ended without reporting an exit status (panic or crash?)");
+        qemu::Outcome::NoExitMarker(digest) => {
+            say(format!(
+                "the guest ended without reporting an exit status (panic or crash): {digest}"
+            ));
+            panic = Some(digest);
             EXIT_NO_STATUS
         }
         qemu::Outcome::BootWatchdog => EXIT_BOOT_WATCHDOG,
     };
-    Ok(code)
+    Ok(GuestEnd { code, panic })
 }
 
 /// Shell-quotes one word for bash (single quotes unless it is plainly safe).

@@ -1,6 +1,7 @@
 //! Booting the guest under QEMU: accelerator choice, console streaming, markers, watchdogs.
 
 use std::{
+    collections::VecDeque,
     fs::OpenOptions,
     io::{self, BufRead as _, BufReader, Read as _, Write as _},
     path::{Path, PathBuf},
@@ -102,8 +103,9 @@ pub enum Outcome {
     Exit(i32),
     /// The overall deadline passed.
     Timeout,
-    /// The guest ended (panic, crash) without printing its exit status.
-    NoExitMarker,
+    /// The guest ended (panic, crash) without printing its exit status; what its console said
+    /// of it (`panic_digest`).
+    NoExitMarker(String),
     /// No boot marker within the boot timeout.
     BootWatchdog,
 }
@@ -209,6 +211,58 @@ impl Drop for TermRestore {
     }
 }
 
+/// Console lines kept for `panic_digest` (an oops with its call trace is 50-100 lines).
+const TAIL_LINES: usize = 400;
+
+/// One line that says why a guest died, from its console's last lines: the oops or panic lines
+/// the kernel printed (`BUG:`, `Oops`, `RIP:`, `Kernel panic`, ...) without their timestamps,
+/// or, when there are none, the last lines it printed.
+pub fn panic_digest(tail: &[String]) -> String {
+    const SIGNS: &[&str] = &[
+        "Kernel panic",
+        "BUG:",
+        "Oops",
+        "general protection",
+        "invalid opcode",
+        "double fault",
+        "watchdog:",
+        "RIP:",
+        "Comm:",
+    ];
+    let clean = |l: &str| -> String {
+        let l = l.trim();
+        // `[  123.456789] text`: the timestamp says nothing here.
+        let l = match l.strip_prefix('[').and_then(|r| r.split_once(']')) {
+            Some((stamp, rest)) if stamp.trim().parse::<f64>().is_ok() => rest.trim(),
+            _ => l,
+        };
+        l.chars().take(160).collect()
+    };
+    let mut lines: Vec<String> = Vec::new();
+    for l in tail.iter().map(|l| clean(l)) {
+        if SIGNS.iter().any(|s| l.contains(s)) && !lines.contains(&l) && lines.len() < 6 {
+            lines.push(l);
+        }
+    }
+    if lines.is_empty() {
+        let last: Vec<String> = tail
+            .iter()
+            .map(|l| clean(l))
+            .filter(|l| !l.is_empty())
+            .collect();
+        let from = last.len().saturating_sub(3);
+        return if last.is_empty() {
+            "its console printed nothing".to_owned()
+        } else {
+            format!(
+                "no oops on its console; its last lines: {}",
+                last[from..].join(" | ")
+            )
+        };
+    }
+    lines.join(" | ")
+}
+
 /// How many bytes at the end of `buf` could be the start of a console marker (kept back
 /// until the marker completes or turns out to be text).
 fn marker_prefix_len(buf: &[u8]) -> usize {
@@ -261,6 +315,8 @@ pub fn boot(b: &Boot, accel: Accel) -> Result<Outcome> {
     let mut exit: Option<(i32, Instant)> = None;
     let mut out = io::stdout().lock();
     let mut carry: Vec<u8> = Vec::new();
+    // The console's last lines, for the digest of a guest that dies without a status.
+    let mut tail: VecDeque<String> = VecDeque::with_capacity(TAIL_LINES);
     let outcome = loop {
         let limit = match (exit, booted) {
             (Some((_, at)), _) => (at + POWEROFF_GRACE).min(b.deadline),
@@ -310,6 +366,10 @@ pub fn boot(b: &Boot, accel: Accel) -> Result<Outcome> {
                 }
                 out.write_all(&line)?;
                 out.flush()?;
+                if tail.len() == TAIL_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(String::from_utf8_lossy(&line).trim_end().to_owned());
             }
             Err(RecvTimeoutError::Timeout) => {
                 break match (exit, booted) {
@@ -326,7 +386,7 @@ pub fn boot(b: &Boot, accel: Accel) -> Result<Outcome> {
                 if booted.is_none() && !status.success() {
                     bail!("{QEMU} failed before the guest booted ({status})");
                 }
-                break Outcome::NoExitMarker;
+                break Outcome::NoExitMarker(panic_digest(tail.make_contiguous()));
             }
         }
     };
@@ -384,6 +444,42 @@ mod tests {
             "@@RDMA_VM_EXIT=1".len()
         );
         assert_eq!(marker_prefix_len(b"a@b"), 0);
+    }
+
+    #[test]
+    fn a_panic_digest_names_the_oops_and_its_place() {
+        let tail: Vec<String> = [
+            "test waterfall::stages_add_up ... ",
+            "[  301.123456] BUG: kernel NULL pointer dereference, address: 0000000000000008",
+            "[  301.123460] #PF: supervisor read access in kernel mode",
+            "[  301.123470] Oops: 0000 [#1] PREEMPT SMP NOPTI",
+            "[  301.123480] CPU: 1 PID: 77 Comm: ksoftirqd/1 Not tainted 6.12.95+deb12-amd64 #1",
+            "[  301.123490] RIP: 0010:rxe_cq_post+0x12/0x30 [rdma_rxe]",
+            "[  301.123500]  ? rxe_completer+0x1/0x30 [rdma_rxe]",
+            "[  301.123510] Kernel panic - not syncing: Fatal exception in interrupt",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let d = panic_digest(&tail);
+        assert!(d.starts_with("BUG: kernel NULL pointer dereference"), "{d}");
+        assert!(d.contains("RIP: 0010:rxe_cq_post+0x12/0x30"), "{d}");
+        assert!(d.contains("Comm: ksoftirqd/1"), "{d}");
+        assert!(
+            d.ends_with("Kernel panic - not syncing: Fatal exception in interrupt"),
+            "{d}"
+        );
+        assert!(!d.contains("301.12"), "timestamps are dropped: {d}");
+        assert!(
+            !d.contains("rxe_completer"),
+            "the call trace is left out: {d}"
+        );
+        // Without an oops, the last lines say where it stopped.
+        let quiet = ["a", "", "b", "c", "d"].map(str::to_owned);
+        assert_eq!(
+            panic_digest(&quiet),
+            "no oops on its console; its last lines: b | c | d"
+        );
+        assert_eq!(panic_digest(&[]), "its console printed nothing");
     }
 
     #[test]
