@@ -15,6 +15,7 @@ use rdma_sys::{
 };
 
 use super::device::Context;
+use super::interrupt::Deadline;
 use super::{VerbsError, check_rc, last_os_error};
 
 /// A completion channel (`ibv_create_comp_channel`): a file descriptor that becomes readable
@@ -233,8 +234,9 @@ impl CompletionQueue {
         check_rc(rc, "ibv_req_notify_cq", || self.ctx.name().to_string())
     }
 
-    /// Waits up to `timeout` for an event on this CQ's channel, then takes it with
-    /// `ibv_get_cq_event` and acknowledges it with `ibv_ack_cq_events`. `Ok(false)`: timeout.
+    /// Waits up to `timeout` for an event on this CQ's channel, blocked in `ibv_get_cq_event`
+    /// (as the C tools are: see `interrupt` for how the timeout ends it), and acknowledges it
+    /// with `ibv_ack_cq_events`. `Ok(false)`: timeout.
     /// The CQ must have been armed, or no event will come.
     pub fn wait_event(&self, timeout: Duration) -> Result<bool, VerbsError> {
         let Some(channel) = &self.channel else {
@@ -244,16 +246,27 @@ impl CompletionQueue {
                 io::Error::from_raw_os_error(libc::EINVAL),
             ));
         };
-        let ready = wait_readable(channel.as_fd(), timeout)
-            .map_err(|e| VerbsError::new("poll", "completion channel", e))?;
-        if !ready {
-            return Ok(false);
-        }
+        // A blocking read, as the C tools do; the deadline interrupts it (see `interrupt`).
+        let deadline = Deadline::arm(timeout)
+            .map_err(|e| VerbsError::new("sigaction", "the wait's watchdog", e))?;
         let mut cq: *mut ibv_cq = ptr::null_mut();
         let mut cq_ctx: *mut c_void = ptr::null_mut();
-        // SAFETY: the channel is live and readable, so this does not block; out-pointers valid.
-        let rc = unsafe { ibv_get_cq_event(channel.raw.as_ptr(), &mut cq, &mut cq_ctx) };
-        check_rc(rc, "ibv_get_cq_event", || self.ctx.name().to_string())?;
+        loop {
+            // SAFETY: the channel is live (borrowed through `self`); out-pointers valid. It
+            // blocks until an event comes or a signal interrupts it.
+            let rc = unsafe { ibv_get_cq_event(channel.raw.as_ptr(), &mut cq, &mut cq_ctx) };
+            if rc == 0 {
+                break;
+            }
+            let e = last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(VerbsError::new("ibv_get_cq_event", self.ctx.name(), e));
+            }
+            if deadline.passed() {
+                return Ok(false);
+            }
+        }
+        drop(deadline);
         // Only this CQ uses the channel, so the event is ours. Acknowledge at once, so that
         // ibv_destroy_cq never waits for unacknowledged events.
         // SAFETY: `cq` is the live CQ the event was for.

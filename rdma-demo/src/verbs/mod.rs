@@ -24,6 +24,7 @@ mod cq;
 mod device;
 mod ffi;
 mod gid;
+mod interrupt;
 mod pd;
 mod qp;
 
