@@ -1,7 +1,7 @@
 //! `cargo xtask bench [demo|trace]`: benchmarks in the QEMU guest (not tests).
 //!
 //! Each bench boots ONE 6.1 guest and runs a generated bash script there that alternates the
-//! compared programs for a number of rounds (5 by default) and leaves raw results (the programs' own
+//! compared programs for a number of rounds (9 by default) and leaves raw results (the programs' own
 //! output, JSON, `bpftool` snapshots) in `$RESULTS_DIR/bench-<name>/`. The host parses them,
 //! computes medians, min/max and ratios, and prints the table. `cargo xtask bench` runs both
 //! and writes `docs/benchmarks.md` (generated: never edit it by hand).
@@ -36,9 +36,10 @@ pub struct Args {
     /// Which bench (default: both, and write docs/benchmarks.md).
     #[command(subcommand)]
     which: Option<Which>,
-    /// Alternating rounds (more rounds narrow the 95 % intervals; 9 rounds of both benches took
-    /// 1621 s, so 5 keep the whole bench within its 15 minutes).
-    #[arg(long, global = true, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
+    /// Alternating rounds (more rounds make the 95 % intervals trustworthy: 5 rounds flipped 29
+    /// of 104 verdicts against the run before; 5 rounds of both benches took 433 s, so 9 stay
+    /// within the bench's 15 minutes).
+    #[arg(long, global = true, default_value_t = 9, value_parser = clap::value_parser!(u32).range(1..=50))]
     rounds: u32,
     /// Do not build first (use the release binaries already in target/release).
     #[arg(long, global = true)]
