@@ -66,6 +66,16 @@ pub struct Section {
     pub guest_kernel: String,
 }
 
+impl Section {
+    /// The section with, first, the line saying its guest was cut short (if it was).
+    fn cut_short(mut self, line: Option<String>) -> Self {
+        if let Some(line) = line {
+            self.markdown = format!("**{line}**\n\n{}", self.markdown);
+        }
+        self
+    }
+}
+
 pub fn run(args: &Args) -> Result<i32> {
     let started = Instant::now();
     if !args.no_build {
@@ -122,9 +132,22 @@ fn build(with_ebpf: bool) -> Result<()> {
     )
 }
 
-/// Boots the bench guest once with `script`; fails when the script fails. Returns the results
-/// folder on the host.
-fn run_guest(name: &str, script: &str, timeout: Duration, bench_image: bool) -> Result<PathBuf> {
+/// What a bench guest left: its results folder, and when the guest was stopped (timeout) or
+/// died before its script ended, the line the page shows for it.
+pub struct GuestResults {
+    pub dir: PathBuf,
+    pub cut_short: Option<String>,
+}
+
+/// Boots the bench guest once with `script`; fails when the script fails. A guest that hangs
+/// or dies after finishing some rounds still gives those rounds (the page says so); one that
+/// finished none fails.
+fn run_guest(
+    name: &str,
+    script: &str,
+    timeout: Duration,
+    bench_image: bool,
+) -> Result<GuestResults> {
     let dir = target_dir()
         .join("vm-results")
         .join(format!("bench-{name}"));
@@ -139,16 +162,53 @@ fn run_guest(name: &str, script: &str, timeout: Duration, bench_image: bool) -> 
         bench: bench_image,
         ..Default::default()
     })?;
-    if code != 0 {
-        let log = fs::read_to_string(dir.join("log.txt")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(15).collect();
-        bail!(
-            "the {name} bench failed in the guest (status {code}); last lines of {}:\n{}",
-            dir.join("log.txt").display(),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        );
+    if code == 0 {
+        return Ok(GuestResults {
+            dir,
+            cut_short: None,
+        });
     }
-    Ok(dir)
+    let log = fs::read_to_string(dir.join("log.txt")).unwrap_or_default();
+    let ended = if code == vm::EXIT_TIMEOUT {
+        Some(format!(
+            "stopped after {} s (its timeout)",
+            timeout.as_secs()
+        ))
+    } else if code == vm::EXIT_NO_STATUS {
+        Some("ended without a status (its kernel died)".to_owned())
+    } else {
+        None
+    };
+    if let Some(ended) = ended
+        && let Some(done) = rounds_done(&log)
+    {
+        let line = format!(
+            "The {name} bench's guest {ended} in round {}: the figures below come from rounds \
+             1–{done} only.",
+            done + 1
+        );
+        say(&line);
+        return Ok(GuestResults {
+            dir,
+            cut_short: Some(line),
+        });
+    }
+    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+    bail!(
+        "the {name} bench failed in the guest (status {code}); last lines of {}:\n{}",
+        dir.join("log.txt").display(),
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// Rounds a bench script finished, from its `== round N` lines (the last one begun did not
+/// finish); None when none did.
+fn rounds_done(log: &str) -> Option<u32> {
+    let begun = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("== round ")?.trim().parse::<u32>().ok())
+        .max()?;
+    (begun > 1).then(|| begun - 1)
 }
 
 /// Shell helpers every bench script starts with. `$R` is the results folder, `now` prints
@@ -363,6 +423,16 @@ mod tests {
     fn markdown_table() {
         let t = table(&["a", "b"], &[vec!["1".into(), "2".into()]]);
         assert_eq!(t, "| a | b |\n|---|---|\n| 1 | 2 |\n");
+    }
+
+    #[test]
+    fn rounds_done_are_those_before_the_last_begun() {
+        assert_eq!(
+            rounds_done("x\n== round 1\n== round 2\n== round 3\n"),
+            Some(2)
+        );
+        assert_eq!(rounds_done("== round 1\n"), None);
+        assert_eq!(rounds_done("no rounds\n"), None);
     }
 
     #[test]

@@ -266,8 +266,8 @@ fn parse_perftest_typical(text: &str) -> Option<f64> {
 }
 
 pub fn run(rounds: u32) -> Result<Section> {
-    let dir = super::run_guest("demo", &script(rounds), Duration::from_secs(900), false)?;
-    Ok(report(&dir, rounds))
+    let g = super::run_guest("demo", &script(rounds), Duration::from_secs(900), false)?;
+    Ok(report(&g.dir, rounds).cut_short(g.cut_short))
 }
 
 /// The section from the results folder.

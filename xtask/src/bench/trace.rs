@@ -205,8 +205,10 @@ fn steady_cpu(dir: &Path, round: u32, v: &str, clk_tck: f64) -> Option<f64> {
 }
 
 pub fn run(rounds: u32) -> Result<Section> {
-    let dir = super::run_guest("trace", &script(rounds), Duration::from_secs(1500), true)?;
-    Ok(report(&dir, rounds))
+    // Within the bench's 15 minutes with the demo bench (about 90 s): a guest that stalls
+    // (rxe on 6.1 under TCG has livelocked in rare rounds) gives the rounds it finished.
+    let g = super::run_guest("trace", &script(rounds), Duration::from_secs(780), true)?;
+    Ok(report(&g.dir, rounds).cut_short(g.cut_short))
 }
 
 /// Median round trip (µs) of the demo's client in one run.
