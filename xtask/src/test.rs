@@ -503,13 +503,8 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf], label: &str) -> Resu
                 finished[i] = Some(suite_outcome(&first, &rerun));
                 progress = true;
             } else {
-                failed_before[i].extend(
-                    first
-                        .lines()
-                        .filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... FAILED"))
-                        .map(str::to_owned),
-                );
-                let new = passed_tests(&first).chain(passed_tests(&rerun));
+                failed_before[i].extend(tests_that(&first, "FAILED").map(str::to_owned));
+                let new = tests_that(&first, "ok").chain(tests_that(&rerun, "ok"));
                 let before = passed_before[i].len();
                 passed_before[i].extend(new.map(str::to_owned));
                 passed_before[i].sort();
@@ -656,10 +651,14 @@ fn skip_args(passed: &[String]) -> String {
         .collect()
 }
 
-/// The tests a libtest log says passed.
-fn passed_tests(log: &str) -> impl Iterator<Item = &str> {
-    log.lines()
-        .filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... ok"))
+/// The tests whose libtest line (`test NAME ... RESULT`) in `log` ends with `result` (`ok`,
+/// `FAILED`).
+fn tests_that<'a>(log: &'a str, result: &'a str) -> impl Iterator<Item = &'a str> {
+    log.lines().filter_map(move |l| {
+        l.strip_prefix("test ")?
+            .strip_suffix(result)?
+            .strip_suffix(" ... ")
+    })
 }
 
 /// Whether a runner ended: its first run passed, or its second run (of the tests that did not
@@ -805,11 +804,7 @@ fn suite_outcome(first: &str, rerun: &str) -> SuiteOutcome {
     let passed_again = if rerun_summaries.is_empty() {
         Vec::new()
     } else {
-        rerun
-            .lines()
-            .filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... ok"))
-            .map(str::to_owned)
-            .collect()
+        tests_that(rerun, "ok").map(str::to_owned).collect()
     };
     if !rerun_summaries.is_empty() {
         // The first run's own line (if it got that far) says FAILED; the second decides.
@@ -850,8 +845,9 @@ mod tests {
     #[test]
     fn a_resumed_runner_skips_exactly_the_tests_an_earlier_boot_passed() {
         let log = "test a::one ... ok\ntest a::two ... FAILED\ntest a::three ... ok\ntest a::fo";
-        let passed: Vec<String> = passed_tests(log).map(str::to_owned).collect();
+        let passed: Vec<String> = tests_that(log, "ok").map(str::to_owned).collect();
         assert_eq!(passed, ["a::one", "a::three"]);
+        assert_eq!(tests_that(log, "FAILED").collect::<Vec<_>>(), ["a::two"]);
         assert_eq!(skip_args(&passed), " --skip a::one --skip a::three");
         assert_eq!(skip_args(&[]), "");
         // A runner whose kernel died mid-way has not finished; one whose rerun printed its

@@ -12,7 +12,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How often the watchdog looks at the deadlines (a timeout fires up to this much late).
@@ -68,11 +68,10 @@ thread_local! {
 /// The handler: its delivery is what interrupts the read.
 extern "C" fn on_signal(_: libc::c_int) {}
 
-/// Installs the handler and starts the watchdog, once per process.
+/// Installs the handler and starts the watchdog, once per process (its errno if that failed).
 fn start() -> io::Result<()> {
-    static STARTED: Once = Once::new();
-    static FAILED: OnceLock<i32> = OnceLock::new();
-    STARTED.call_once(|| {
+    static STARTED: OnceLock<Option<i32>> = OnceLock::new();
+    let failed = STARTED.get_or_init(|| {
         // SAFETY: an all-zero sigaction is valid (empty mask, no flags) before we fill it in.
         let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
         sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
@@ -80,35 +79,35 @@ fn start() -> io::Result<()> {
         // SAFETY: a valid sigaction for a catchable signal; the handler is async-signal-safe
         // (it does nothing).
         if unsafe { libc::sigaction(SIGNAL, &sa, std::ptr::null_mut()) } != 0 {
-            let _ = FAILED.set(io::Error::last_os_error().raw_os_error().unwrap_or(0));
-            return;
+            return Some(io::Error::last_os_error().raw_os_error().unwrap_or(0));
         }
-        let spawned = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("wait-watchdog".into())
-            .spawn(|| {
-                loop {
-                    std::thread::sleep(TICK);
-                    let now = now_ns();
-                    let Ok(waiters) = WAITERS.lock() else { return };
-                    for w in waiters.iter() {
-                        let d = w.deadline.load(Ordering::Acquire);
-                        if d != 0 && now >= d {
-                            // SAFETY: the thread is registered, so alive (it unregisters
-                            // under this lock before it exits). Sent again each tick while
-                            // the deadline has passed, so a signal that lands just before the
-                            // read is not the last one.
-                            unsafe { libc::pthread_kill(w.thread, SIGNAL) };
-                        }
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            let _ = FAILED.set(e.raw_os_error().unwrap_or(0));
-        }
+            .spawn(watchdog)
+            .err()
+            .map(|e| e.raw_os_error().unwrap_or(0))
     });
-    match FAILED.get() {
-        Some(&errno) => Err(io::Error::from_raw_os_error(errno)),
+    match failed {
+        Some(errno) => Err(io::Error::from_raw_os_error(*errno)),
         None => Ok(()),
+    }
+}
+
+/// Every [`TICK`], signals each registered thread whose deadline has passed.
+fn watchdog() {
+    loop {
+        std::thread::sleep(TICK);
+        let now = now_ns();
+        let Ok(waiters) = WAITERS.lock() else { return };
+        for w in waiters.iter() {
+            let d = w.deadline.load(Ordering::Acquire);
+            if d != 0 && now >= d {
+                // SAFETY: the thread is registered, so alive (it unregisters under this lock
+                // before it exits). Sent again each tick while the deadline has passed, so a
+                // signal that lands just before the read is not the last one.
+                unsafe { libc::pthread_kill(w.thread, SIGNAL) };
+            }
+        }
     }
 }
 

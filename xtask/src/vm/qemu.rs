@@ -238,18 +238,18 @@ pub fn panic_digest(tail: &[String]) -> String {
         };
         l.chars().take(160).collect()
     };
-    let mut lines: Vec<String> = Vec::new();
-    for l in tail.iter().map(|l| clean(l)) {
+    let last: Vec<String> = tail
+        .iter()
+        .map(|l| clean(l))
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut lines: Vec<&String> = Vec::new();
+    for l in &last {
         if SIGNS.iter().any(|s| l.contains(s)) && !lines.contains(&l) && lines.len() < 6 {
             lines.push(l);
         }
     }
     if lines.is_empty() {
-        let last: Vec<String> = tail
-            .iter()
-            .map(|l| clean(l))
-            .filter(|l| !l.is_empty())
-            .collect();
         let from = last.len().saturating_sub(3);
         return if last.is_empty() {
             "its console printed nothing".to_owned()
@@ -260,7 +260,11 @@ pub fn panic_digest(tail: &[String]) -> String {
             )
         };
     }
-    lines.join(" | ")
+    lines
+        .iter()
+        .map(|l| l.as_str())
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// How many bytes at the end of `buf` could be the start of a console marker (kept back
