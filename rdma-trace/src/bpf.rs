@@ -2,7 +2,13 @@
 //!
 //! Probes stay attached while the [`Bpf`] value lives: dropping it detaches everything.
 
-use std::{cell::RefCell, collections::HashMap, fmt};
+use std::{
+    cell::RefCell,
+    collections::HashMap,
+    fmt,
+    sync::{Mutex, OnceLock},
+    thread::JoinHandle,
+};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -187,7 +193,6 @@ impl Bpf {
     /// Attach what the plan asks for, each kernel function by its first method that works.
     /// Returns the outcome of every planned probe, by probe id.
     pub fn attach(&mut self, plan: &Plan) -> Result<Vec<Outcome>> {
-        let mut btf: Option<Btf> = None;
         let mut slot_outcome = Vec::new();
         for (slot, f) in plan.functions.iter().enumerate() {
             let mut errors = Vec::new();
@@ -195,7 +200,7 @@ impl Bpf {
             for &method in &f.methods {
                 let r = match method {
                     Method::Kprobe => self.attach_kprobe_pair(slot, &f.function),
-                    Method::Fentry => self.attach_fentry_pair(slot, &f.function, &mut btf),
+                    Method::Fentry => self.attach_fentry_pair(slot, &f.function),
                     Method::RawTracepoint | Method::Uprobe => {
                         Err(anyhow!("not a kernel-function method"))
                     }
@@ -355,17 +360,8 @@ impl Bpf {
         Ok(link)
     }
 
-    fn attach_fentry_pair(
-        &mut self,
-        slot: usize,
-        function: &str,
-        btf: &mut Option<Btf>,
-    ) -> Result<()> {
-        if btf.is_none() {
-            *btf =
-                Some(Btf::from_sys_fs().map_err(|e| anyhow!("reading kernel BTF: {}", chain(&e)))?);
-        }
-        let btf = btf.as_ref().expect("set above");
+    fn attach_fentry_pair(&mut self, slot: usize, function: &str) -> Result<()> {
+        let btf = kernel_btf()?;
         let entry = format!("fentry_{slot}");
         let p: &mut FEntry = self.program(&entry)?;
         p.load(function, btf)
@@ -595,9 +591,12 @@ pub fn load_object<'a>(
     configure: impl for<'l> FnOnce(&'l mut EbpfLoader<'a>) -> &'l mut EbpfLoader<'a>,
 ) -> Result<Ebpf> {
     raise_memlock();
-    let mut loader = EbpfLoader::new();
+    let mut loader = prepared_loader().unwrap_or_default();
+    crate::startup::step("object loader (kernel BTF)");
     configure(&mut loader);
-    loader.load(OBJECT).map_err(|e| {
+    let loaded = loader.load(OBJECT);
+    crate::startup::step("object and maps");
+    loaded.map_err(|e| {
         let text = chain(&e);
         if has_errno(&e, libc::EPERM) {
             anyhow!(Unsupported(format!(
@@ -607,6 +606,44 @@ pub fn load_object<'a>(
             anyhow!("loading {what}: {text}")
         }
     })
+}
+
+/// Loaders made ahead of time by [`prepare`], taken by [`load_object`].
+static PREPARED: Mutex<Vec<JoinHandle<EbpfLoader<'static>>>> = Mutex::new(Vec::new());
+
+/// The kernel's BTF, parsed once for every fentry/fexit program (the probes' and the
+/// calibration's): an error is the message, as a later caller reports it.
+static KERNEL_BTF: OnceLock<Result<Btf, String>> = OnceLock::new();
+
+/// Make `n` object loaders on threads of their own, for the next calls of [`load_object`]:
+/// making one parses the kernel's BTF (megabytes), which the caller's gathering of kernel facts
+/// can overlap.
+pub fn prepare_loaders(n: usize) {
+    if let Ok(mut prepared) = PREPARED.lock() {
+        prepared.extend((0..n).map(|_| std::thread::spawn(EbpfLoader::new)));
+    }
+}
+
+/// Parse the kernel's BTF for fentry programs on a thread of its own (see [`kernel_btf`]).
+pub fn prefetch_kernel_btf() {
+    if KERNEL_BTF.get().is_none() {
+        std::thread::spawn(|| {
+            let _ = kernel_btf();
+        });
+    }
+}
+
+fn prepared_loader() -> Option<EbpfLoader<'static>> {
+    let handle = PREPARED.lock().ok()?.pop()?;
+    handle.join().ok()
+}
+
+/// The running kernel's BTF (`/sys/kernel/btf/vmlinux`), parsed on first use.
+pub fn kernel_btf() -> Result<&'static Btf> {
+    KERNEL_BTF
+        .get_or_init(|| Btf::from_sys_fs().map_err(|e| chain(&e)))
+        .as_ref()
+        .map_err(|e| anyhow!("reading kernel BTF: {e}"))
 }
 
 /// Whether the kernel refused `e` for want of privileges: EPERM or EACCES among its sources.

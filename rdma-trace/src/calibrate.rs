@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
-    Btf, Ebpf,
+    Ebpf,
     programs::{FEntry, KProbe, RawTracePoint},
 };
 use serde::Serialize;
@@ -138,7 +138,6 @@ pub fn run(ebpf: &mut Ebpf, with_fentry: bool) -> Calibration {
     syscall_loop(CALLS / 4);
     let baseline = best(CALLS);
     let mut mechanisms = Vec::new();
-    let mut btf: Option<Btf> = None;
     for (mechanism, prog) in [
         ("kprobe", "cal_kprobe"),
         ("kretprobe", "cal_kretprobe"),
@@ -149,7 +148,7 @@ pub fn run(ebpf: &mut Ebpf, with_fentry: bool) -> Calibration {
         let attached = if mechanism == "fentry" && !with_fentry {
             Err(anyhow!("not measured: no fentry program in this session"))
         } else {
-            attach(ebpf, mechanism, prog, &mut btf)
+            attach(ebpf, mechanism, prog)
         };
         let mut setup = t0.elapsed();
         let cost = match attached {
@@ -188,7 +187,7 @@ pub fn run(ebpf: &mut Ebpf, with_fentry: bool) -> Calibration {
     }
 }
 
-fn attach(ebpf: &mut Ebpf, mechanism: &str, prog: &str, btf: &mut Option<Btf>) -> Result<()> {
+fn attach(ebpf: &mut Ebpf, mechanism: &str, prog: &str) -> Result<()> {
     let p = ebpf
         .program_mut(prog)
         .with_context(|| format!("program {prog} is not in the eBPF object"))?;
@@ -209,12 +208,7 @@ fn attach(ebpf: &mut Ebpf, mechanism: &str, prog: &str, btf: &mut Option<Btf>) -
                 .map_err(|e| anyhow!("attaching {prog} to sys_enter: {}", chain(&e)))?;
         }
         _ => {
-            if btf.is_none() {
-                *btf = Some(
-                    Btf::from_sys_fs().map_err(|e| anyhow!("reading kernel BTF: {}", chain(&e)))?,
-                );
-            }
-            let btf = btf.as_ref().context("kernel BTF")?;
+            let btf = crate::bpf::kernel_btf()?;
             let p: &mut FEntry = p.try_into().map_err(|e| anyhow!("{prog}: {}", chain(&e)))?;
             p.load(FUNCTION, btf)
                 .map_err(|e| anyhow!("loading {prog} for {FUNCTION}: {}", chain(&e)))?;

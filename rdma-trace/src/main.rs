@@ -20,6 +20,7 @@ mod report;
 mod session;
 mod signals;
 mod softroce;
+mod startup;
 mod timeline;
 mod tui;
 mod waterfall;
@@ -119,6 +120,7 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
+    startup::begin();
     let cli = Cli::parse();
     ebpf_log::init(cli.verbose, std::env::var("RUST_LOG").ok().as_deref());
     // Generated from the CLI definition: no runtime, no privileges.

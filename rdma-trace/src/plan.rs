@@ -46,19 +46,39 @@ pub struct Facts {
 impl Facts {
     /// Read what `probes` need to know from `kernel`.
     pub fn gather(kernel: &Kernel, probes: &[ProbeDef]) -> Self {
-        let functions: Vec<Cow<'static, str>> =
-            probes.iter().flat_map(|p| functions_of(&p.shape)).collect();
+        Self::gather_with(kernel, probes, true)
+    }
+
+    /// [`Facts::gather`], with `traceable` (`available_filter_functions`) only when
+    /// `ftrace_list`.
+    fn gather_with(kernel: &Kernel, probes: &[ProbeDef], ftrace_list: bool) -> Self {
+        let functions = table_functions(probes);
         let names: Vec<&str> = functions.iter().map(|f| f.as_ref()).collect();
+        let names = &names;
+        // The kernel formats kallsyms and the ftrace lists anew for every read, which makes
+        // them the slow part of start-up: read side by side.
+        let (symbols, traceable, events, kprobe_blacklist) = std::thread::scope(|s| {
+            let symbols = s.spawn(|| kernel.functions(names));
+            let traceable = s.spawn(|| ftrace_list.then(|| kernel.traceable(names)).flatten());
+            let events = s.spawn(|| kernel.available_events());
+            let blacklist = kernel.kprobe_blacklisted(names);
+            (
+                symbols.join().unwrap_or_default(),
+                traceable.join().unwrap_or_default(),
+                events.join().unwrap_or_default(),
+                blacklist,
+            )
+        });
         Facts {
             release: kernel.release(),
             kprobes: kernel.has_kprobes(),
             btf: kernel.has_btf(),
             config_kprobes: kernel.config("CONFIG_KPROBES"),
-            symbols: kernel.functions(&names),
+            symbols,
             modules: kernel.loaded_modules(),
-            kprobe_blacklist: kernel.kprobe_blacklisted(&names),
-            traceable: kernel.traceable(&names),
-            events: kernel.available_events(),
+            kprobe_blacklist,
+            traceable,
+            events,
             devices: kernel.rdma_devices(),
             irqs: kernel.interrupts(),
             libraries: probes
@@ -346,6 +366,15 @@ impl Plan {
 }
 
 /// Decide every probe of `defs` against `facts`.
+impl Plan {
+    /// Some function is to be traced with fentry first.
+    pub fn fentry_first(&self) -> bool {
+        self.functions
+            .iter()
+            .any(|f| f.methods.first() == Some(&Method::Fentry))
+    }
+}
+
 pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
     let mut plan = Plan {
         probes: Vec::new(),
@@ -548,6 +577,28 @@ fn tracepoint(facts: &Facts, _def: &ProbeDef, events: &[&str]) -> Option<Decisio
     })
 }
 
+/// The kernel functions of the table's rows.
+fn table_functions(probes: &[ProbeDef]) -> Vec<Cow<'static, str>> {
+    probes.iter().flat_map(|p| functions_of(&p.shape)).collect()
+}
+
+/// The plan to attach `defs` on `kernel`. `available_filter_functions`, the slowest of the
+/// kernel's files to read (the kernel formats some 40 000 lines), tells only whether fentry can
+/// trace a function (notrace ones are missing): it is read only when fentry is some function's
+/// first choice (no kprobes, or a kprobe-blacklisted function). Where fentry is a kprobe's
+/// fallback, its refusal of a notrace function comes from the kernel at attach instead.
+pub fn plan_to_attach(kernel: &Kernel, defs: &[ProbeDef], opts: Options) -> Plan {
+    let mut facts = Facts::gather_with(kernel, defs, false);
+    let first_plan = plan(defs, &facts, opts);
+    if !first_plan.fentry_first() {
+        return first_plan;
+    }
+    let functions = table_functions(defs);
+    let names: Vec<&str> = functions.iter().map(|f| f.as_ref()).collect();
+    facts.traceable = kernel.traceable(&names);
+    plan(defs, &facts, opts)
+}
+
 /// The facts of fixture kernel `fixture` (`rdma-trace/tests/fixtures/<fixture>`) for the probe
 /// table, for unit tests.
 #[cfg(test)]
@@ -575,6 +626,68 @@ mod tests {
 
     fn attaches(p: &Plan, name: &str) -> bool {
         matches!(decision(p, name), Decision::Try(_))
+    }
+
+    /// A copy of fixture `name` in a temporary directory, to add or remove files.
+    fn fixture_copy(name: &str, tag: &str) -> std::path::PathBuf {
+        fn copy(from: &std::path::Path, to: &std::path::Path) {
+            std::fs::create_dir_all(to).unwrap();
+            for e in std::fs::read_dir(from).unwrap() {
+                let e = e.unwrap();
+                let dest = to.join(e.file_name());
+                if e.file_type().unwrap().is_dir() {
+                    copy(&e.path(), &dest);
+                } else {
+                    std::fs::copy(e.path(), dest).unwrap();
+                }
+            }
+        }
+        let root =
+            std::env::temp_dir().join(format!("rdma-trace-plan-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        copy(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(name),
+            &root,
+        );
+        root
+    }
+
+    #[test]
+    fn the_ftrace_list_is_read_only_where_fentry_comes_first() {
+        let root = fixture_copy("guest-6.1-rxe", "ftrace");
+        // ftrace cannot trace __napi_poll on this made-up kernel (as if it were notrace).
+        std::fs::write(
+            root.join("sys/kernel/tracing/available_filter_functions"),
+            "rxe_rcv [rdma_rxe]\nnapi_complete_done\n",
+        )
+        .unwrap();
+        let k = Kernel::at(&root);
+        let full = plan(PROBES, &Facts::gather(&k, PROBES), Options::default());
+        let to_attach = plan_to_attach(&k, PROBES, Options::default());
+        // With kprobes, fentry is only the fallback: the list is not read for attaching (the
+        // kernel refuses a notrace fentry at attach), while `probes` reads it.
+        assert_eq!(
+            decision(&full, "__napi_poll"),
+            &Decision::Try(vec![Method::Kprobe])
+        );
+        assert_eq!(
+            decision(&to_attach, "__napi_poll"),
+            &Decision::Try(vec![Method::Kprobe, Method::Fentry])
+        );
+        // Without kprobes fentry comes first: the list is read, and says why not.
+        std::fs::remove_file(root.join("sys/bus/event_source/devices/kprobe/type")).unwrap();
+        let to_attach = plan_to_attach(&Kernel::at(&root), PROBES, Options::default());
+        std::fs::remove_dir_all(&root).unwrap();
+        assert!(
+            matches!(
+                decision(&to_attach, "__napi_poll"),
+                Decision::Skip(SkipReason::Notrace { .. })
+            ),
+            "{:?}",
+            decision(&to_attach, "__napi_poll")
+        );
     }
 
     #[test]

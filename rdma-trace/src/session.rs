@@ -11,7 +11,7 @@ use crate::{
     bpf::{Bpf, Outcome, ProbeData},
     error::Unsupported,
     kernel::Kernel,
-    plan::{self, Facts, Options, Plan},
+    plan::{self, Options, Plan},
     probes::ProbeDef,
     workload::Extra,
 };
@@ -35,10 +35,15 @@ impl Session {
         opts: Options,
         extra: &Extra,
     ) -> Result<Self> {
-        let facts = Facts::gather(kernel, defs);
-        let plan = plan::plan(defs, &facts, opts);
+        let plan = plan::plan_to_attach(kernel, defs, opts);
+        crate::startup::step("kernel facts and plan");
+        if plan.fentry_first() {
+            crate::bpf::prefetch_kernel_btf();
+        }
         let mut bpf = Bpf::load_with(&plan, extra)?;
+        crate::startup::step("object and maps");
         let outcomes = bpf.attach(&plan)?;
+        crate::startup::step("attach");
         if !outcomes.iter().any(|o| matches!(o, Outcome::Attached(_))) {
             let reasons: Vec<String> = plan
                 .probes

@@ -174,6 +174,9 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     }
     let timeline_file = workload::timeline_file(args)?;
     check_privileges()?;
+    // The object loaders (the probes', and the waterfall's) parse the kernel's BTF while the
+    // kernel's facts are gathered.
+    crate::bpf::prepare_loaders(if args.no_waterfall { 1 } else { 2 });
     // A bad path costs nothing: checked before anything is created or attached.
     if let Some(path) = &args.json {
         crate::output::check_writable(path)?;
@@ -192,6 +195,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let devices = softroce::usable(kernel.rdma_devices(), temp_rxe.as_ref());
     let (server, client) = pick_devices(&devices, args)?;
     let demo = demo_binary(args.demo.as_deref())?;
+    crate::startup::step("checks and devices");
     let defs = args.probes.select(PROBES);
     let extra = workload::demo_extra(timeline_file.is_some());
     let mut session = Session::start_with(
@@ -206,6 +210,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     // The session's probes are on the RDMA path, softirqs and IRQs: the umask calls of the
     // calibration hit none of them.
     let calibration = Some(session.calibrate());
+    crate::startup::step("calibration");
     if let Some(c) = &calibration {
         eprintln!("rdma-trace: {}", c.render());
     }
@@ -217,6 +222,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         args.sample as usize,
         workload::timeline_sample(args),
     );
+    crate::startup::step("waterfall");
+    crate::startup::print_if_verbose();
     eprintln!(
         "rdma-trace: server {server}, client {client}; probes:\n{}",
         session.attach_table()

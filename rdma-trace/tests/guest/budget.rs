@@ -121,3 +121,55 @@ fn run_over_a_tight_budget_with_enforce_drops_probes_and_says_which() {
         "{client}"
     );
 }
+
+/// `-v` says where start-up time went, step by step, before the probe table.
+#[test]
+fn run_v_says_where_the_start_up_time_went() {
+    let out = super::harness::rdma_trace(&[
+        "run",
+        "-v",
+        "--no-tui",
+        "--no-waterfall",
+        "--mode",
+        "poll",
+        "-i",
+        "20",
+    ]);
+    out.assert_success("rdma-trace run -v");
+    let line = out
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("rdma-trace: start-up "))
+        .unwrap_or_else(|| panic!("no start-up line:\n{}", out.stderr));
+    // "2.41 s: attach 0.53 s, kernel facts and plan 0.46 s, …"
+    let (total, steps) = line.split_once(" s: ").expect(line);
+    let total: f64 = total.parse().expect(line);
+    let steps: Vec<(&str, f64)> = steps
+        .split(", ")
+        .map(|s| {
+            let (name, secs) = s.trim_end_matches(" s").rsplit_once(' ').expect(s);
+            (name, secs.parse().expect(s))
+        })
+        .collect();
+    for name in [
+        "checks and devices",
+        "kernel facts and plan",
+        "object and maps",
+        "attach",
+        "calibration",
+    ] {
+        assert!(steps.iter().any(|(n, _)| *n == name), "no {name}: {line}");
+    }
+    let sum: f64 = steps.iter().map(|(_, s)| s).sum();
+    // Each step is rounded to 10 ms; together they are the whole start-up.
+    assert!(
+        (sum - total).abs() <= 0.01 * steps.len() as f64 + 0.011,
+        "steps add up to {sum}, not {total}: {line}"
+    );
+    let table = out.stderr.find("probes:").expect("probe table");
+    assert!(
+        out.stderr.find("start-up").unwrap() < table,
+        "the start-up line comes before the probe table:\n{}",
+        out.stderr
+    );
+}

@@ -194,6 +194,7 @@ fn preflight(args: &Args, target: &Target) -> Result<Option<std::fs::File>> {
 pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
     let timeline_file = preflight(args, &target)?;
     check_privileges()?;
+    crate::bpf::prepare_loaders(if args.no_waterfall { 1 } else { 2 });
     let kernel = Kernel::live();
     let extra = Extra::for_target(&target, timeline_file.is_some())?;
     let mut session = Session::start_with(
@@ -225,6 +226,8 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
         args.sample as usize,
         timeline_sample(args),
     );
+    crate::startup::step("waterfall");
+    crate::startup::print_if_verbose();
     let wf_before = wf.as_ref().map(|w| w.snapshot()).transpose()?;
     // Everything is attached (the waterfall's start can take seconds): only now is the window
     // open, and "tracing" says so.
