@@ -12,7 +12,8 @@
 //! 5. releases: CAS `lock` id → 0 — the old value must be its id.
 //!
 //! Then it tells the server with a SEND. The server checks `counter` = Σ id · iterations,
-//! `lock` = 0 and `inside` = 0.
+//! `lock` = 0 and `inside` = 0. Until then it only waits (in poll mode polling every
+//! millisecond, not spinning: [`Completions::passive`]).
 
 use std::fmt::Write as _;
 use std::net::TcpListener;
@@ -145,7 +146,7 @@ pub fn server(
     )?;
     let signals = MemoryRegion::new(&ep.pd, 8 * n, Access::LOCAL_WRITE)?;
     let cq = ep.cq(2 * p.clients + 4)?;
-    let mut comp = Completions::new(std::rc::Rc::clone(&cq), ep.mode, ep.timeout)?;
+    let mut comp = Completions::new(std::rc::Rc::clone(&cq), ep.mode, ep.timeout)?.passive();
     let buffer = RemoteBuf {
         addr: region.addr(0),
         rkey: region.rkey(),

@@ -65,7 +65,12 @@ pub struct Completions {
     wait: Duration,
     events: u64,
     completions: u64,
+    /// Poll mode: sleep this long after a poll that found nothing (see [`Completions::passive`]).
+    nap: Option<Duration>,
 }
+
+/// How long a passive poller sleeps between polls that find nothing.
+pub const PASSIVE_NAP: Duration = Duration::from_millis(1);
 
 impl Completions {
     /// In event mode the CQ must have a completion channel; it is armed here.
@@ -82,7 +87,18 @@ impl Completions {
             wait: Duration::ZERO,
             events: 0,
             completions: 0,
+            nap: None,
         })
+    }
+
+    /// For a side whose waits are not measured: the server of a one-sided demo (WRITE/READ,
+    /// atomics), which only waits for its clients' final messages. In poll mode it sleeps
+    /// [`PASSIVE_NAP`] after each empty poll instead of spinning, so it does not take a core
+    /// from the client and the Soft-RoCE work it measures (perftest's servers of its READ and
+    /// atomic tests sleep too). Event mode is unchanged.
+    pub fn passive(mut self) -> Self {
+        self.nap = Some(PASSIVE_NAP);
+        self
     }
 
     pub fn mode(&self) -> Mode {
@@ -138,7 +154,12 @@ impl Completions {
                         break true;
                     }
                     spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(1024) && Instant::now() >= deadline {
+                    if let Some(nap) = self.nap {
+                        if Instant::now() >= deadline {
+                            break false;
+                        }
+                        std::thread::sleep(nap);
+                    } else if spins.is_multiple_of(1024) && Instant::now() >= deadline {
                         break false;
                     }
                 }

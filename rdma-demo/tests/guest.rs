@@ -504,6 +504,64 @@ fn write_read_event_rxe0_rxe1() {
     check_write_read("event");
 }
 
+/// utime + stime of a running process, in clock ticks (USER_HZ, 100 on Linux).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After "pid (comm)": field 3 (state) is index 0, utime (14) index 11, stime (15) index 12.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The server of a one-sided demo only waits for its client's final message: in poll mode it
+/// must not spin a core away from the client and the Soft-RoCE work being measured.
+#[test]
+fn one_sided_servers_do_not_spin_in_poll_mode() {
+    for (demo, port, iterations) in [("write-read", 18620, "1500"), ("atomic", 18621, "1500")] {
+        let p = port.to_string();
+        let server = spawn(&[
+            demo, "-s", "-d", "rxe1", "-i", iterations, "--bind", "10.9.0.2", "-p", &p,
+        ]);
+        wait_listening(port);
+        let pid = server.id();
+        let before = cpu_ticks(pid).expect("server's /proc stat");
+        let start = Instant::now();
+        let mut client = spawn(&[demo, "-d", "rxe0", "-i", iterations, "-p", &p, "10.9.0.2"]);
+        // The server's last reading before it exits (it ends right after the client).
+        let mut last = before;
+        while client.try_wait().expect("try_wait").is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "{demo} client still running after 120 s"
+            );
+            if let Some(t) = cpu_ticks(pid) {
+                last = t;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let wall = start.elapsed().as_secs_f64();
+        let c = client.output();
+        assert_eq!(
+            c.status.code(),
+            Some(0),
+            "{demo} client: {}",
+            String::from_utf8_lossy(&c.stderr)
+        );
+        let (s, _) = wait_within(server, Duration::from_secs(60), "server");
+        assert_eq!(
+            s.status.code(),
+            Some(0),
+            "{demo} server: {}",
+            String::from_utf8_lossy(&s.stderr)
+        );
+        let busy = (last - before) as f64 / 100.0;
+        // Spinning, the server would take about the whole client run.
+        assert!(
+            busy < 0.25 * wall,
+            "{demo} server used {busy:.2} s of CPU during the client's {wall:.2} s"
+        );
+    }
+}
+
 // ---------------------------------------------------------------- faults
 
 #[test]
