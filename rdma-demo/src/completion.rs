@@ -130,6 +130,18 @@ impl Completions {
         Ok(n)
     }
 
+    /// A completion that is already there, without waiting (one poll of the CQ at most).
+    pub fn ready(&mut self) -> Result<Option<WorkCompletion>, CompletionError> {
+        if self.pending.is_empty() {
+            self.drain()?;
+        }
+        let wc = self.pending.pop_front();
+        if wc.is_some() {
+            self.completions += 1;
+        }
+        Ok(wc)
+    }
+
     /// The next completion, whatever its status, within the timeout.
     pub fn next(&mut self, what: &dyn Fn() -> String) -> Result<WorkCompletion, CompletionError> {
         self.next_within(self.timeout, what)

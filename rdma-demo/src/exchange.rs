@@ -50,6 +50,7 @@ pub enum Demo {
     PingPong,
     WriteRead,
     Atomic,
+    WritePingPong,
 }
 
 impl Demo {
@@ -58,6 +59,7 @@ impl Demo {
             Demo::PingPong => 1,
             Demo::WriteRead => 2,
             Demo::Atomic => 3,
+            Demo::WritePingPong => 4,
         }
     }
 
@@ -66,6 +68,7 @@ impl Demo {
             1 => Some(Demo::PingPong),
             2 => Some(Demo::WriteRead),
             3 => Some(Demo::Atomic),
+            4 => Some(Demo::WritePingPong),
             _ => None,
         }
     }
@@ -75,6 +78,7 @@ impl Demo {
             Demo::PingPong => "pingpong",
             Demo::WriteRead => "write-read",
             Demo::Atomic => "atomic",
+            Demo::WritePingPong => "write-pingpong",
         }
     }
 }

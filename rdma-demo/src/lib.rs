@@ -19,4 +19,5 @@ pub mod stats;
 pub mod sysfs;
 #[allow(unsafe_code)]
 pub mod verbs;
+pub mod write_pingpong;
 pub mod write_read;

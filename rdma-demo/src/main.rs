@@ -14,7 +14,7 @@ use rdma_demo::devices::{self, DevicesError};
 use rdma_demo::endpoint::{EndpointOptions, Fault};
 use rdma_demo::error::{DemoError, EXIT_CODES_HELP, exit};
 use rdma_demo::exchange;
-use rdma_demo::{atomic, limits, pingpong, write_read};
+use rdma_demo::{atomic, limits, pingpong, write_pingpong, write_read};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,6 +39,9 @@ enum Command {
     /// One-sided RDMA WRITE/READ: the client reads, writes and reads back the server's buffer
     #[command(after_help = with_exit_codes(WRITE_READ_EXAMPLES))]
     WriteRead(WriteReadArgs),
+    /// RDMA WRITE ping-pong polling memory on both sides, like ib_write_lat
+    #[command(after_help = with_exit_codes(WRITE_PINGPONG_EXAMPLES))]
+    WritePingpong(WritePingPongArgs),
     /// Remote atomics: a Fetch-and-Add counter and a Compare-and-Swap lock, N clients at once
     #[command(after_help = with_exit_codes(ATOMIC_EXAMPLES))]
     Atomic(AtomicArgs),
@@ -77,6 +80,10 @@ const WRITE_READ_EXAMPLES: &str = "Examples:
   rdma-demo write-read --loopback -d rxe1 --server-device rxe0 -S 65536
   rdma-demo write-read -s -d rxe0
   rdma-demo write-read -d rxe1 -i 100 10.9.0.1";
+const WRITE_PINGPONG_EXAMPLES: &str = "Examples:
+  rdma-demo write-pingpong --loopback -d rxe1 --server-device rxe0 -S 64
+  rdma-demo write-pingpong -s -d rxe0
+  rdma-demo write-pingpong -d rxe1 -i 1000 -S 4096 10.9.0.1";
 const ATOMIC_EXAMPLES: &str = "Examples:
   rdma-demo atomic --loopback -d rxe1 --server-device rxe0 --clients 4
   rdma-demo atomic -s -d rxe0 --clients 2
@@ -181,6 +188,31 @@ struct WriteReadArgs {
 }
 
 #[derive(Debug, Args)]
+struct WritePingPongArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Round trips
+    #[arg(short = 'i', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
+    iterations: u32,
+    /// Message size in bytes, a multiple of 8 (the last 8 bytes carry the message number)
+    #[arg(short = 'S', long, value_name = "BYTES", default_value_t = 4096, value_parser = parse_size_of_words)]
+    size: u32,
+}
+
+/// A message size for write-pingpong: within the demos' bounds and a multiple of 8.
+fn parse_size_of_words(s: &str) -> Result<u32, String> {
+    let v: u32 = s.parse().map_err(|_| format!("not a number: {s:?}"))?;
+    if !(limits::MIN_SIZE..=limits::MAX_SIZE).contains(&v) || !v.is_multiple_of(8) {
+        return Err(format!(
+            "want a multiple of 8 from {} to {}",
+            limits::MIN_SIZE,
+            limits::MAX_SIZE
+        ));
+    }
+    Ok(v)
+}
+
+#[derive(Debug, Args)]
 struct AtomicArgs {
     #[command(flatten)]
     common: CommonArgs,
@@ -244,6 +276,28 @@ fn main() -> ExitCode {
                 |o, host, port| write_read::client(o, host, port, p).map(|r| vec![r]),
                 move |o, l| write_read::server(o, l, p).map(|r| vec![r]),
                 write_read::Report::render,
+            )
+        }
+        Command::WritePingpong(a) if a.common.event || a.common.mode == Mode::Event => {
+            Err(Failure {
+                code: exit::USAGE,
+                message: "write-pingpong polls memory for the peer's WRITEs (as ib_write_lat): it \
+                          has no event mode; leave out --mode event / -e"
+                    .to_string(),
+            })
+        }
+        Command::WritePingpong(a) => {
+            let p = write_pingpong::Params {
+                iterations: a.iterations,
+                size: a.size,
+            };
+            run_demo(
+                &a.common,
+                "write-pingpong",
+                serde_json::json!({ "iterations": p.iterations, "size": p.size }),
+                |o, host, port| write_pingpong::client(o, host, port, p).map(|r| vec![r]),
+                move |o, l| write_pingpong::server(o, l, p).map(|r| vec![r]),
+                write_pingpong::Report::render,
             )
         }
         Command::Atomic(a) => {

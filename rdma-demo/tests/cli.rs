@@ -214,6 +214,7 @@ fn man_writes_a_page_per_subcommand() {
             "rdma-demo-completions.1",
             "rdma-demo-devices.1",
             "rdma-demo-pingpong.1",
+            "rdma-demo-write-pingpong.1",
             "rdma-demo-write-read.1",
             "rdma-demo.1"
         ]
@@ -286,5 +287,29 @@ fn a_port_in_use_is_one_line_and_exit_5() {
                 "{args:?}"
             );
         }
+    }
+}
+
+#[test]
+fn write_pingpong_wants_a_size_of_whole_words() {
+    for bad in ["12", "4", "2000000"] {
+        let out = rdma_demo(&["write-pingpong", "--loopback", "-S", bad]);
+        assert_eq!(out.status.code(), Some(2), "-S {bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("want a multiple of 8 from 8 to 1048576"),
+            "-S {bad}: {err}"
+        );
+    }
+}
+
+#[test]
+fn write_pingpong_has_no_event_mode() {
+    for flags in [&["-e"][..], &["--mode", "event"]] {
+        let out = rdma_demo(&[&["write-pingpong", "--loopback"][..], flags].concat());
+        assert_eq!(out.status.code(), Some(2), "{flags:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("it has no event mode"), "{err}");
     }
 }

@@ -504,6 +504,25 @@ fn write_read_event_rxe0_rxe1() {
     check_write_read("event");
 }
 
+#[test]
+fn write_pingpong_rxe0_rxe1_like_ib_write_lat() {
+    let (stdout, v) = loopback_json("write-pingpong", &["-i", "200", "-S", "4096"]);
+    assert!(
+        stdout.contains("one-way latency = round trip / 2 (as ib_write_lat)"),
+        "{stdout}"
+    );
+    let client = &v["reports"][0];
+    let server = &v["reports"][1];
+    assert_eq!(client["role"], "client");
+    assert_eq!(server["role"], "server");
+    let (rtt, one) = (&client["round_trip_us"], &client["one_way_us"]);
+    assert_eq!(rtt["count"], 200);
+    let med = rtt["t_typical"].as_f64().unwrap();
+    assert!(0.0 < rtt["t_min"].as_f64().unwrap() && med > 0.0, "{rtt:#}");
+    assert!((one["t_typical"].as_f64().unwrap() * 2.0 - med).abs() < 1e-6);
+    assert_eq!(server["totals"]["messages_received"], 200);
+}
+
 /// utime + stime of a running process, in clock ticks (USER_HZ, 100 on Linux).
 fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
