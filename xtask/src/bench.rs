@@ -132,19 +132,27 @@ fn build(with_ebpf: bool) -> Result<()> {
     )
 }
 
-/// What a bench guest left: its results folder, and when the guest was stopped (timeout) or
-/// died before its script ended, the line the page shows for it.
+/// What a bench guest left: its results folder, and the line the page shows when the guest
+/// was stopped (timeout), or died, before its script ended.
 pub struct GuestResults {
     pub dir: PathBuf,
     pub cut_short: Option<String>,
 }
 
-/// Boots the bench guest once with `script`; fails when the script fails. A guest that hangs
-/// or dies after finishing some rounds still gives those rounds (the page says so); one that
-/// finished none fails.
+/// Boots for a bench whose guest kernel died (under TCG, kernel text patched while the other
+/// vCPU runs it has hung or crashed a guest now and then: a probe attached or detached, a
+/// tracepoint's static key flipped).
+const MAX_BOOTS: u32 = 3;
+
+/// Runs rounds `1..=rounds` of a bench in the guest: `script(first)` is the guest script for
+/// rounds `first..=rounds`. A guest whose kernel dies after finishing some rounds is booted
+/// again for the rest, within `timeout` in all (at most [`MAX_BOOTS`] boots, each one getting
+/// further); the page names each death. A guest stopped at its timeout, or that finished no
+/// round, gives the rounds it finished (the page says so); one that finished none fails.
 fn run_guest(
     name: &str,
-    script: &str,
+    script: &dyn Fn(u32) -> String,
+    rounds: u32,
     timeout: Duration,
     bench_image: bool,
 ) -> Result<GuestResults> {
@@ -152,53 +160,85 @@ fn run_guest(
         .join("vm-results")
         .join(format!("bench-{name}"));
     let _ = fs::remove_dir_all(&dir);
-    let full = format!("{}\n{script}", prelude(name));
-    let code = vm::run_in_guest(&vm::GuestRun {
-        kernel: vm::Kernel::V6_1,
-        timeout,
-        cmd: vec![full],
-        profile: "release".into(),
-        mem_mib: if bench_image { 3072 } else { 2048 },
-        bench: bench_image,
-        ..Default::default()
-    })?;
-    if code == 0 {
-        return Ok(GuestResults {
-            dir,
-            cut_short: None,
-        });
-    }
-    let log = fs::read_to_string(dir.join("log.txt")).unwrap_or_default();
-    let ended = if code == vm::EXIT_TIMEOUT {
-        Some(format!(
-            "stopped after {} s (its timeout)",
-            timeout.as_secs()
-        ))
-    } else if code == vm::EXIT_NO_STATUS {
-        Some("ended without a status (its kernel died)".to_owned())
-    } else {
-        None
-    };
-    if let Some(ended) = ended
-        && let Some(done) = rounds_done(&log)
-    {
-        let line = format!(
-            "The {name} bench's guest {ended} in round {}: the figures below come from rounds \
-             1–{done} only.",
-            done + 1
+    let deadline = Instant::now() + timeout;
+    let mut first = 1;
+    let mut deaths: Vec<String> = Vec::new();
+    for boot in 1..=MAX_BOOTS {
+        let full = format!("{}\n{}", prelude(name, first == 1), script(first));
+        let left = deadline.saturating_duration_since(Instant::now());
+        let end = vm::run_in_guest_to_end(&vm::GuestRun {
+            kernel: vm::Kernel::V6_1,
+            timeout: left,
+            cmd: vec![full],
+            profile: "release".into(),
+            mem_mib: if bench_image { 3072 } else { 2048 },
+            bench: bench_image,
+            ..Default::default()
+        })?;
+        let log = fs::read_to_string(dir.join("log.txt")).unwrap_or_default();
+        let done = rounds_done(&log);
+        if end.code == 0 {
+            return Ok(GuestResults {
+                dir,
+                cut_short: (!deaths.is_empty()).then(|| {
+                    format!(
+                        "The {name} bench's guest kernel died {}; the next boot went on from \
+                         the round that died: all {rounds} rounds ran.",
+                        deaths.join("; then ")
+                    )
+                }),
+            });
+        }
+        let died = end.code == vm::EXIT_NO_STATUS;
+        if died {
+            let what = end.panic.as_deref().unwrap_or("no oops on its console");
+            deaths.push(format!("in round {} ({what})", done.unwrap_or(0) + 1));
+        }
+        // Another boot only after a death that came after this boot finished a round, with
+        // time left for a round.
+        let progressed = done.is_some_and(|d| d >= first);
+        let time_left =
+            deadline.saturating_duration_since(Instant::now()) > Duration::from_secs(60);
+        if died && progressed && boot < MAX_BOOTS && time_left {
+            first = done.unwrap_or(0) + 1;
+            say(format!(
+                "the {name} bench's guest kernel died in round {first}: booting again for rounds \
+                 {first}–{rounds}"
+            ));
+            continue;
+        }
+        let ended = if end.code == vm::EXIT_TIMEOUT {
+            Some(format!(
+                "was stopped after {} s (its timeout)",
+                timeout.as_secs()
+            ))
+        } else if died {
+            Some(format!("kernel died {}", deaths.join("; then ")))
+        } else {
+            None
+        };
+        if let Some(ended) = ended
+            && let Some(done) = done
+        {
+            let line = format!(
+                "The {name} bench's guest {ended}: the figures below come from rounds 1–{done} \
+                 of {rounds} only."
+            );
+            say(&line);
+            return Ok(GuestResults {
+                dir,
+                cut_short: Some(line),
+            });
+        }
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        bail!(
+            "the {name} bench failed in the guest (status {}); last lines of {}:\n{}",
+            end.code,
+            dir.join("log.txt").display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
-        say(&line);
-        return Ok(GuestResults {
-            dir,
-            cut_short: Some(line),
-        });
     }
-    let tail: Vec<&str> = log.lines().rev().take(15).collect();
-    bail!(
-        "the {name} bench failed in the guest (status {code}); last lines of {}:\n{}",
-        dir.join("log.txt").display(),
-        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-    );
+    unreachable!("the last boot returns")
 }
 
 /// Rounds a bench script finished, from its `== round N` lines (the last one begun did not
@@ -211,16 +251,18 @@ fn rounds_done(log: &str) -> Option<u32> {
     (begun > 1).then(|| begun - 1)
 }
 
-/// Shell helpers every bench script starts with. `$R` is the results folder, `now` prints
-/// microseconds since the epoch, `wait_listen PORT` waits until a TCP port listens,
-/// `wait_mark FILE TEXT PID` until FILE contains TEXT (fails if PID ends first).
-fn prelude(name: &str) -> String {
+/// Shell helpers every bench script starts with. `$R` is the results folder (emptied by the
+/// first boot, kept by the next ones), `now` prints microseconds since the epoch,
+/// `wait_listen PORT` waits until a TCP port listens, `wait_mark FILE TEXT PID` until FILE
+/// contains TEXT (fails if PID ends first).
+fn prelude(name: &str, first_boot: bool) -> String {
+    let fresh = if first_boot { "rm -rf \"$R\"; " } else { "" };
     format!(
         r#"set -u
 R="$RESULTS_DIR/bench-{name}"
-rm -rf "$R"; mkdir -p "$R"
+{fresh}mkdir -p "$R"
 [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
-exec > >(tee "$R/log.txt") 2>&1
+exec > >(tee -a "$R/log.txt") 2>&1
 G=${{RXE_GID_INDEX:?no RoCE v2 GID on rxe0}}
 uname -r > "$R/uname"
 nproc > "$R/nproc"
@@ -437,9 +479,22 @@ mod tests {
 
     #[test]
     fn prelude_is_plain_bash() {
-        let p = prelude("x");
+        let p = prelude("x", true);
         assert!(p.contains("R=\"$RESULTS_DIR/bench-x\""));
         assert!(p.contains("G=${RXE_GID_INDEX:?"));
         assert!(!p.contains("{{"));
+    }
+
+    #[test]
+    fn only_the_first_boot_empties_the_results_and_the_log_is_appended() {
+        assert!(prelude("x", true).contains("rm -rf \"$R\"; mkdir -p \"$R\""));
+        let again = prelude("x", false);
+        assert!(!again.contains("rm -rf"), "{again}");
+        assert!(again.contains("tee -a \"$R/log.txt\""), "{again}");
+        // The rounds of both boots count: the second boot began round 3 after round 2 died.
+        assert_eq!(
+            rounds_done("== round 1\n== round 2\n== round 2\n== round 3\n"),
+            Some(2)
+        );
     }
 }

@@ -113,12 +113,14 @@ fn runs() -> Vec<Run> {
     ]
 }
 
-/// The guest script: `rounds` rounds of every run, the order reversed every other round. Each
-/// run appends `name,client status,server status,wall µs` to `$R/runs.csv`.
-fn script(rounds: u32) -> String {
+/// The guest script: rounds `first..=rounds` of every run, the order reversed every other
+/// round. Each run appends `name,client status,server status,wall µs` to `$R/runs.csv`.
+fn script(first: u32, rounds: u32) -> String {
     let runs = runs();
-    let mut s = String::from("echo 'round,name,client,server,wall_us' > $R/runs.csv\nP=18700\n");
-    for round in 1..=rounds {
+    let mut s = String::from(
+        "[ -s $R/runs.csv ] || echo 'round,name,client,server,wall_us' > $R/runs.csv\nP=18700\n",
+    );
+    for round in first..=rounds {
         let order: Vec<&Run> = if round % 2 == 1 {
             runs.iter().collect()
         } else {
@@ -272,7 +274,13 @@ fn parse_perftest_typical(text: &str) -> Option<f64> {
 }
 
 pub fn run(rounds: u32) -> Result<Section> {
-    let g = super::run_guest("demo", &script(rounds), Duration::from_secs(900), false)?;
+    let g = super::run_guest(
+        "demo",
+        &|first| script(first, rounds),
+        rounds,
+        Duration::from_secs(900),
+        false,
+    )?;
     Ok(report(&g.dir, rounds).cut_short(g.cut_short))
 }
 
@@ -426,7 +434,7 @@ mod tests {
 
     #[test]
     fn script_alternates_and_records_every_run() {
-        let s = script(2);
+        let s = script(1, 2);
         let n = runs().len();
         assert_eq!(s.matches(">> $R/runs.csv").count(), 2 * n);
         let first = s.find("N=r1-pp-poll-ours").unwrap();
