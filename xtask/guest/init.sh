@@ -19,17 +19,25 @@ mount -t bpf bpf /sys/fs/bpf || warn "no bpffs"
 # branch of a hot tracepoint (when its first program attaches or its last one detaches) has oopsed
 # the guest with "int3" in __schedule and try_to_wake_up. So the hot tracepoints rdma-trace uses stay
 # enabled for the whole boot (ftrace events with recording off): attaching and detaching programs
-# then never patch the scheduler's or the softirq path's code.
+# then never patch the scheduler's, the softirq path's or the syscall entry's code. The syscall
+# tracepoints are among them: the start-up calibration's raw tracepoint on sys_enter flips their
+# key, and a bench guest died of a soft lockup at that key's site in syscall_trace_enter.
 t=/sys/kernel/tracing
 if [ -d $t/events ]; then
     echo 0 >$t/tracing_on
     echo 4 >$t/buffer_size_kb
     for e in sched/sched_switch sched/sched_waking sched/sched_wakeup sched/sched_process_exit \
         sched/sched_process_fork task/task_newtask irq/softirq_entry irq/softirq_exit \
-        irq/irq_handler_entry irq/irq_handler_exit napi/napi_poll; do
+        irq/irq_handler_entry irq/irq_handler_exit napi/napi_poll raw_syscalls/sys_enter \
+        raw_syscalls/sys_exit; do
         echo 1 >$t/events/$e/enable 2>/dev/null || warn "cannot keep $e enabled"
     done
 fi
+# BPF run-time statistics stay on for the same reason: rdma-trace turns them on at start
+# (BPF_ENABLE_STATS) and off at exit, which flips the static key inlined wherever a BPF program
+# runs (trace_call_bpf, the tracepoint calls in try_to_wake_up); the 6.12 guest has oopsed with
+# "int3" at both. With the sysctl on, the key is already set and nothing is patched.
+echo 1 >/proc/sys/kernel/bpf_stats_enabled 2>/dev/null || warn "cannot keep BPF statistics on"
 echo "@@RDMA_VM_BOOTED@@"
 
 . /vm/env.sh
