@@ -608,7 +608,7 @@ pub fn load_object<'a>(
     })
 }
 
-/// Loaders made ahead of time by [`prepare`], taken by [`load_object`].
+/// Loaders made ahead of time by [`prepare_loaders`], taken by [`load_object`].
 static PREPARED: Mutex<Vec<JoinHandle<EbpfLoader<'static>>>> = Mutex::new(Vec::new());
 
 /// The kernel's BTF, parsed once for every fentry/fexit program (the probes' and the
