@@ -365,7 +365,6 @@ impl Plan {
     }
 }
 
-/// Decide every probe of `defs` against `facts`.
 impl Plan {
     /// Some function is to be traced with fentry first.
     pub fn fentry_first(&self) -> bool {
@@ -375,6 +374,7 @@ impl Plan {
     }
 }
 
+/// Decide every probe of `defs` against `facts`.
 pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
     let mut plan = Plan {
         probes: Vec::new(),
