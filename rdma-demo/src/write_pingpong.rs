@@ -155,12 +155,22 @@ impl Side {
         ))
     }
 
-    fn buffer(&self) -> RemoteBuf {
-        RemoteBuf {
+    /// What this side tells the peer: its QP and the buffer the peer writes into.
+    fn info(&self, ep: &Endpoint, psn: u32) -> ConnInfo {
+        let buffer = RemoteBuf {
             addr: self.inbox.addr(0),
             rkey: self.inbox.rkey(),
             len: self.p.size,
-        }
+        };
+        ep.local_info(
+            Demo::WritePingPong,
+            &self.qp,
+            psn,
+            self.p.iterations,
+            self.p.size,
+            0,
+            Some(buffer),
+        )
     }
 
     /// Collects the completions of earlier WRITEs that are there, without waiting.
@@ -268,15 +278,7 @@ pub fn server(
 ) -> Result<Report, DemoError> {
     let ep = Endpoint::open(opts)?;
     let (mut side, psn) = Side::new(&ep, p, true)?;
-    let ours = ep.local_info(
-        Demo::WritePingPong,
-        &side.qp,
-        psn,
-        p.iterations,
-        p.size,
-        0,
-        Some(side.buffer()),
-    );
+    let ours = side.info(&ep, psn);
     let peer = exchange::server_handshake(listener, &ours, p.same_run(), opts.timeout, |theirs| {
         ep.connect(&side.qp, psn, theirs)
     })?;
@@ -320,15 +322,7 @@ pub fn client(
 ) -> Result<Report, DemoError> {
     let ep = Endpoint::open(opts)?;
     let (mut side, psn) = Side::new(&ep, p, false)?;
-    let ours = ep.local_info(
-        Demo::WritePingPong,
-        &side.qp,
-        psn,
-        p.iterations,
-        p.size,
-        0,
-        Some(side.buffer()),
-    );
+    let ours = side.info(&ep, psn);
     let peer = exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)?;
     let remote = peer_buffer(&peer, p, &format!("{host}:{port}"))?;
     ep.connect(&side.qp, psn, &peer)?;
