@@ -511,6 +511,24 @@ pub struct SameRun {
     pub size: Option<u32>,
 }
 
+/// The parameters of a demo with a message size (ping-pong, WRITE/READ, WRITE ping-pong): both
+/// sides must run the same ones.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct SizedParams {
+    pub iterations: u32,
+    pub size: u32,
+}
+
+impl SizedParams {
+    /// What the peer must run too.
+    pub fn same_run(&self) -> SameRun {
+        SameRun {
+            iterations: self.iterations,
+            size: Some(self.size),
+        }
+    }
+}
+
 /// The client's handshake: connect to `host:port`, swap messages, check that the peer runs the
 /// same demo, MTU and run. The TCP connection is closed when this returns, before the data
 /// phase starts.

@@ -21,21 +21,7 @@ const WR_RECV: u64 = 1;
 const WR_SEND: u64 = 2;
 
 /// What both sides must agree on.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Params {
-    pub iterations: u32,
-    pub size: u32,
-}
-
-impl Params {
-    /// What the peer must run too.
-    fn same_run(&self) -> exchange::SameRun {
-        exchange::SameRun {
-            iterations: self.iterations,
-            size: Some(self.size),
-        }
-    }
-}
+pub use crate::exchange::SizedParams as Params;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {

@@ -29,25 +29,13 @@ const WR_WRITE: u64 = 1;
 /// WRITEs in flight at most (the send queue's depth).
 const SEND_DEPTH: u32 = 2;
 
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Params {
-    pub iterations: u32,
-    /// Message size: a multiple of 8, at least 8 (the message number fills the last 8 bytes).
-    pub size: u32,
-}
+/// What both sides must agree on; `size` is a multiple of 8, at least 8 (the message number
+/// fills the last 8 bytes).
+pub use crate::exchange::SizedParams as Params;
 
-impl Params {
-    fn same_run(&self) -> exchange::SameRun {
-        exchange::SameRun {
-            iterations: self.iterations,
-            size: Some(self.size),
-        }
-    }
-
-    /// Offset of the message number.
-    fn seq_offset(&self) -> usize {
-        self.size as usize - 8
-    }
+/// Offset of the message number in a message of `p.size` bytes.
+fn seq_offset(p: &Params) -> usize {
+    p.size as usize - 8
 }
 
 /// Byte `i` of every message (before its number) from the client (`from_server` false) or
@@ -122,7 +110,7 @@ impl Side {
             },
         )?;
         let outbox = MemoryRegion::new(&ep.pd, size, Access::LOCAL_WRITE)?;
-        outbox.fill(0, p.seq_offset(), |i| pattern(i, server));
+        outbox.fill(0, seq_offset(&p), |i| pattern(i, server));
         let cq = ep.cq(SEND_DEPTH * 2)?;
         let qp = QueuePair::new_rc(
             &ep.pd,
@@ -191,7 +179,7 @@ impl Side {
             expect(wc, WcOpcode::RdmaWrite, &what)?;
             self.in_flight -= 1;
         }
-        self.outbox.write_u64(self.p.seq_offset(), n);
+        self.outbox.write_u64(seq_offset(&self.p), n);
         self.qp.post_send(
             WR_WRITE,
             SendOp::RdmaWrite(peer.at(0)),
@@ -206,7 +194,7 @@ impl Side {
 
     /// Polls the buffer until message `n` is there; `what` names it in a timeout.
     fn wait_for(&mut self, n: u64, what: &dyn Fn() -> String) -> Result<(), DemoError> {
-        let seq = self.p.seq_offset();
+        let seq = seq_offset(&self.p);
         let deadline = Instant::now() + self.timeout;
         let mut spins = 0u32;
         while self.inbox.read_u64(seq) != n {
@@ -228,7 +216,7 @@ impl Side {
 
     /// Checks that the buffer holds the peer's pattern (`from_server`) and message number `n`.
     fn check(&self, n: u64, from_server: bool) -> Result<(), DemoError> {
-        let seq = self.p.seq_offset();
+        let seq = seq_offset(&self.p);
         let mut got = vec![0u8; seq];
         self.inbox.read(0, &mut got);
         if let Some(i) = (0..seq).find(|&i| got[i] != pattern(i, from_server)) {
@@ -366,11 +354,10 @@ mod tests {
         assert!((0..4088).any(|i| pattern(i, false) != 0));
         assert!((0..4088).any(|i| pattern(i, true) != 0));
         assert_eq!(
-            Params {
+            seq_offset(&Params {
                 iterations: 1,
                 size: 4096
-            }
-            .seq_offset(),
+            }),
             4088
         );
     }

@@ -25,21 +25,8 @@ const WR_WRITE: u64 = 2;
 const WR_READ: u64 = 3;
 const WR_DONE: u64 = 4;
 
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Params {
-    pub iterations: u32,
-    pub size: u32,
-}
-
-impl Params {
-    /// What the peer must run too.
-    fn same_run(&self) -> exchange::SameRun {
-        exchange::SameRun {
-            iterations: self.iterations,
-            size: Some(self.size),
-        }
-    }
-}
+/// What both sides must agree on.
+pub use crate::exchange::SizedParams as Params;
 
 /// The server's initial content.
 pub fn server_pattern(i: usize) -> u8 {
