@@ -65,6 +65,17 @@ impl Summary {
 /// perftest's table header.
 pub const TABLE_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]";
 
+/// The one-way table (round trip / 2, as perftest tool `tool` reports it) and the round-trip
+/// table of a ping-pong of `bytes`-byte messages.
+pub fn one_way_and_round_trip(bytes: u64, one_way: &Summary, rtt: &Summary, tool: &str) -> String {
+    format!(
+        "--- one-way latency = round trip / 2 (as {tool}) ---\n{TABLE_HEADER}\n{}\n\
+         --- round trip ---\n{TABLE_HEADER}\n{}\n",
+        table_row(bytes, one_way),
+        table_row(bytes, rtt)
+    )
+}
+
 /// One perftest row.
 pub fn table_row(bytes: u64, s: &Summary) -> String {
     format!(
@@ -133,6 +144,24 @@ impl Totals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_way_table_then_round_trip_table_each_with_its_header() {
+        let rtt = summarize(&[2_000, 4_000, 6_000]).unwrap();
+        let text = one_way_and_round_trip(64, &rtt.halved(), &rtt, "ib_write_lat");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 6, "{text}");
+        assert_eq!(
+            lines[0],
+            "--- one-way latency = round trip / 2 (as ib_write_lat) ---"
+        );
+        assert_eq!(lines[1], TABLE_HEADER);
+        assert_eq!(lines[2], table_row(64, &rtt.halved()));
+        assert_eq!(lines[3], "--- round trip ---");
+        assert_eq!(lines[4], TABLE_HEADER);
+        assert_eq!(lines[5], table_row(64, &rtt));
+        assert!(text.ends_with('\n'));
+    }
 
     #[test]
     fn summary_of_known_samples() {

@@ -74,12 +74,12 @@ impl Report {
         );
         out.push_str(&self.totals.render("round trip per iteration"));
         if let (Some(one_way), Some(rtt)) = (&self.one_way_us, &self.round_trip_us) {
-            out.push_str("--- one-way latency = round trip / 2 (as ib_write_lat) ---\n");
-            let _ = writeln!(out, "{}", stats::TABLE_HEADER);
-            let _ = writeln!(out, "{}", stats::table_row(self.size.into(), one_way));
-            out.push_str("--- round trip ---\n");
-            let _ = writeln!(out, "{}", stats::TABLE_HEADER);
-            let _ = writeln!(out, "{}", stats::table_row(self.size.into(), rtt));
+            out.push_str(&stats::one_way_and_round_trip(
+                self.size.into(),
+                one_way,
+                rtt,
+                "ib_write_lat",
+            ));
         }
         out
     }
