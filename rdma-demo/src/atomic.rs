@@ -14,6 +14,12 @@
 //! Then it tells the server with a SEND. The server checks `counter` = Σ id · iterations,
 //! `lock` = 0 and `inside` = 0. Until then it only waits (in poll mode polling every
 //! millisecond, not spinning: [`Completions::passive`]).
+//!
+//! With `--repeat faa|cas` a client measures what `ib_atomic_lat` does instead: one atomic
+//! repeated `iterations` times on one word (`counter`), each timed from post to completion.
+//! `faa` adds its id; `cas` swaps the value it last saw for that value + id, and when another
+//! client got there first, retries with the value the CAS returned. Either way `counter` ends
+//! at Σ id · iterations, which the server checks as above.
 
 use std::fmt::Write as _;
 use std::net::TcpListener;
@@ -42,6 +48,20 @@ const WR_DONE: u64 = 2;
 pub struct Params {
     pub iterations: u32,
     pub clients: u32,
+    /// One atomic repeated instead of the lock rounds (the client's choice; the server's
+    /// check is the same).
+    pub repeat: Option<Repeat>,
+}
+
+/// The one atomic a `--repeat` client repeats, as `ib_atomic_lat -A FETCH_AND_ADD` /
+/// `-A CMP_AND_SWAP` do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Repeat {
+    /// Fetch-and-Add of the client's id
+    Faa,
+    /// Compare-and-Swap of the last value seen for it + the client's id
+    Cas,
 }
 
 impl Params {
@@ -61,6 +81,8 @@ pub struct Report {
     pub mode: Mode,
     pub iterations: u32,
     pub client_id: Option<u32>,
+    /// Client: the atomic it repeated (`--repeat`), or none for the lock rounds.
+    pub repeat: Option<Repeat>,
     pub totals: Totals,
     /// Server: the final counter, what it should be, and the lock words.
     pub final_counter: Option<u64>,
@@ -89,9 +111,14 @@ impl Report {
             Some(id) => format!("client {id}"),
             None => self.role.to_string(),
         };
+        let what = match self.repeat {
+            Some(Repeat::Faa) => "Fetch-and-Add repeated on one word",
+            Some(Repeat::Cas) => "Compare-and-Swap repeated on one word",
+            None => "atomics",
+        };
         let _ = writeln!(
             out,
-            "{who} {}: atomics, {} rounds, {} mode",
+            "{who} {}: {what}, {} rounds, {} mode",
             self.device,
             self.iterations,
             format!("{:?}", self.mode).to_lowercase()
@@ -106,10 +133,14 @@ impl Report {
             );
         }
         if let (Some(a), Some(r)) = (self.lock_attempts, self.lock_retries) {
-            let _ = writeln!(out, "lock attempts: {a}, retries: {r}");
-            if let Some(last) = self.last_fetched {
-                let _ = writeln!(out, "last Fetch-and-Add returned: {last}");
-            }
+            let what = match self.repeat {
+                Some(_) => "Compare-and-Swap",
+                None => "lock",
+            };
+            let _ = writeln!(out, "{what} attempts: {a}, retries: {r}");
+        }
+        if let Some(last) = self.last_fetched {
+            let _ = writeln!(out, "last Fetch-and-Add returned: {last}");
         }
         out.push_str(&self.totals.render("one round"));
         for (name, s) in [
@@ -256,6 +287,7 @@ pub fn server(
         mode: ep.mode,
         iterations: p.iterations,
         client_id: None,
+        repeat: None,
         totals,
         final_counter: Some(counter),
         expected_counter: Some(expected),
@@ -339,78 +371,133 @@ pub fn client(
     );
     let (mut attempts, mut retries, mut last_fetched) = (0u64, 0u64, 0u64);
     let start = Instant::now();
-    for round in 0..p.iterations {
-        let (old, t) = atomic(
-            &mut comp,
-            fadd(COUNTER, id64),
-            WcOpcode::FetchAdd,
-            "FADD counter",
-        )?;
-        fadds.push(t);
-        last_fetched = old;
-        let deadline = Instant::now() + opts.timeout;
-        loop {
+    if let Some(repeat) = p.repeat {
+        // ib_atomic_lat's loop: the same atomic on the same word, one at a time.
+        let (mut seen, mut done) = (0u64, 0u32);
+        let mut deadline = Instant::now() + opts.timeout;
+        while done < p.iterations {
+            match repeat {
+                Repeat::Faa => {
+                    let (old, t) = atomic(
+                        &mut comp,
+                        fadd(COUNTER, id64),
+                        WcOpcode::FetchAdd,
+                        "FADD counter",
+                    )?;
+                    fadds.push(t);
+                    // Every add since our last one (ours included) made the counter grow.
+                    if done > 0 && old < seen + id64 {
+                        return Err(DemoError::Verify(format!(
+                            "client {id} add {done}: the counter was {old}, after {seen} + {id64}"
+                        )));
+                    }
+                    seen = old;
+                    done += 1;
+                }
+                Repeat::Cas => {
+                    let swap = SendOp::CmpSwap {
+                        remote: remote.at(COUNTER),
+                        compare: seen,
+                        swap: seen + id64,
+                    };
+                    let (old, t) = atomic(&mut comp, swap, WcOpcode::CompSwap, "CAS counter")?;
+                    cass.push(t);
+                    attempts += 1;
+                    if old == seen {
+                        seen += id64;
+                        done += 1;
+                        deadline = Instant::now() + opts.timeout;
+                    } else {
+                        // Another client swapped first: try again from what it left.
+                        retries += 1;
+                        seen = old;
+                        if Instant::now() > deadline {
+                            return Err(CompletionError::Timeout {
+                                what: format!("client {id}: a CAS of the counter that succeeds"),
+                                mode: ep.mode,
+                                timeout: opts.timeout,
+                            }
+                            .into());
+                        }
+                    }
+                }
+            }
+            last_fetched = seen;
+        }
+    } else {
+        for round in 0..p.iterations {
             let (old, t) = atomic(
                 &mut comp,
-                cas(0, id64),
-                WcOpcode::CompSwap,
-                "CAS lock 0 -> id",
+                fadd(COUNTER, id64),
+                WcOpcode::FetchAdd,
+                "FADD counter",
             )?;
-            cass.push(t);
-            attempts += 1;
-            if old == 0 {
-                break;
+            fadds.push(t);
+            last_fetched = old;
+            let deadline = Instant::now() + opts.timeout;
+            loop {
+                let (old, t) = atomic(
+                    &mut comp,
+                    cas(0, id64),
+                    WcOpcode::CompSwap,
+                    "CAS lock 0 -> id",
+                )?;
+                cass.push(t);
+                attempts += 1;
+                if old == 0 {
+                    break;
+                }
+                if old == id64 {
+                    return Err(DemoError::Verify(format!(
+                        "client {id} round {round}: the lock already names us"
+                    )));
+                }
+                retries += 1;
+                if Instant::now() > deadline {
+                    return Err(CompletionError::Timeout {
+                        what: format!("client {id}: the lock (held by client {old})"),
+                        mode: ep.mode,
+                        timeout: opts.timeout,
+                    }
+                    .into());
+                }
             }
-            if old == id64 {
+            let acquired = Instant::now();
+            let (inside, _) = atomic(
+                &mut comp,
+                fadd(INSIDE, 1),
+                WcOpcode::FetchAdd,
+                "FADD inside +1",
+            )?;
+            if inside != 0 {
                 return Err(DemoError::Verify(format!(
-                    "client {id} round {round}: the lock already names us"
+                    "client {id} round {round}: {inside} other holder(s) inside the critical section"
                 )));
             }
-            retries += 1;
-            if Instant::now() > deadline {
-                return Err(CompletionError::Timeout {
-                    what: format!("client {id}: the lock (held by client {old})"),
-                    mode: ep.mode,
-                    timeout: opts.timeout,
-                }
-                .into());
+            let (inside, _) = atomic(
+                &mut comp,
+                fadd(INSIDE, u64::MAX),
+                WcOpcode::FetchAdd,
+                "FADD inside -1",
+            )?;
+            if inside != 1 {
+                return Err(DemoError::Verify(format!(
+                    "client {id} round {round}: {inside} holders inside on leaving, want 1"
+                )));
             }
-        }
-        let acquired = Instant::now();
-        let (inside, _) = atomic(
-            &mut comp,
-            fadd(INSIDE, 1),
-            WcOpcode::FetchAdd,
-            "FADD inside +1",
-        )?;
-        if inside != 0 {
-            return Err(DemoError::Verify(format!(
-                "client {id} round {round}: {inside} other holder(s) inside the critical section"
-            )));
-        }
-        let (inside, _) = atomic(
-            &mut comp,
-            fadd(INSIDE, u64::MAX),
-            WcOpcode::FetchAdd,
-            "FADD inside -1",
-        )?;
-        if inside != 1 {
-            return Err(DemoError::Verify(format!(
-                "client {id} round {round}: {inside} holders inside on leaving, want 1"
-            )));
-        }
-        let (old, t) = atomic(
-            &mut comp,
-            cas(id64, 0),
-            WcOpcode::CompSwap,
-            "CAS lock id -> 0",
-        )?;
-        cass.push(t);
-        holds.push(acquired.elapsed().as_nanos() as u64);
-        if old != id64 {
-            return Err(DemoError::Verify(format!(
-                "client {id} round {round}: released a lock held by {old}"
-            )));
+            let (old, t) = atomic(
+                &mut comp,
+                cas(id64, 0),
+                WcOpcode::CompSwap,
+                "CAS lock id -> 0",
+            )?;
+            cass.push(t);
+            holds.push(acquired.elapsed().as_nanos() as u64);
+            if old != id64 {
+                return Err(DemoError::Verify(format!(
+                    "client {id} round {round}: released a lock held by {old}"
+                )));
+            }
         }
     }
     let total = start.elapsed();
@@ -419,7 +506,9 @@ pub fn client(
     let what = || format!("client {id}: the final SEND");
     let wc = comp.next(&what)?;
     expect(wc, WcOpcode::Send, &what)?;
-    let ops = fadds.len() as u64 + cass.len() as u64 + 2 * u64::from(p.iterations);
+    // The lock rounds add two FADDs of `inside` per round, which are not timed.
+    let untimed = if p.repeat.is_some() { 0 } else { 2 };
+    let ops = fadds.len() as u64 + cass.len() as u64 + untimed * u64::from(p.iterations);
     let totals = Totals::new(
         total,
         u64::from(p.iterations),
@@ -433,17 +522,20 @@ pub fn client(
         mode: ep.mode,
         iterations: p.iterations,
         client_id: Some(id),
+        repeat: p.repeat,
         totals,
         final_counter: None,
         expected_counter: None,
         final_lock: None,
         final_inside: None,
-        lock_attempts: Some(attempts),
-        lock_retries: Some(retries),
+        // Fetch-and-Add alone makes no CAS attempt.
+        lock_attempts: (p.repeat != Some(Repeat::Faa)).then_some(attempts),
+        lock_retries: (p.repeat != Some(Repeat::Faa)).then_some(retries),
         hold_us: stats::summarize(&holds),
         fetch_add_us: stats::summarize(&fadds),
         cmp_swap_us: stats::summarize(&cass),
-        last_fetched: Some(last_fetched),
+        // A CAS-only client makes no Fetch-and-Add.
+        last_fetched: (p.repeat != Some(Repeat::Cas)).then_some(last_fetched),
         notes: ep.notes.clone(),
     })
 }

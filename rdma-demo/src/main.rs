@@ -87,7 +87,8 @@ const WRITE_PINGPONG_EXAMPLES: &str = "Examples:
 const ATOMIC_EXAMPLES: &str = "Examples:
   rdma-demo atomic --loopback -d rxe1 --server-device rxe0 --clients 4
   rdma-demo atomic -s -d rxe0 --clients 2
-  rdma-demo atomic -d rxe1 --clients 2 -i 500 10.9.0.1";
+  rdma-demo atomic -d rxe1 --clients 2 -i 500 10.9.0.1
+  rdma-demo atomic -d rxe1 --repeat faa -i 500 10.9.0.1   (as ib_atomic_lat -A FETCH_AND_ADD)";
 
 /// `examples`, a blank line, and the exit codes.
 fn with_exit_codes(examples: &str) -> String {
@@ -222,6 +223,10 @@ struct AtomicArgs {
     /// Clients at once: the server waits for this many, the client side starts this many
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=atomic::MAX_CLIENTS as i64))]
     clients: u32,
+    /// Client: repeat one atomic on one word -i times instead of the lock rounds, each timed
+    /// post → completion (what ib_atomic_lat -A FETCH_AND_ADD / CMP_AND_SWAP measures)
+    #[arg(long, value_enum, value_name = "OP")]
+    repeat: Option<atomic::Repeat>,
 }
 
 /// What ends the program early: the one line for stderr and the exit code.
@@ -304,11 +309,12 @@ fn main() -> ExitCode {
             let p = atomic::Params {
                 iterations: a.iterations,
                 clients: a.clients,
+                repeat: a.repeat,
             };
             run_demo(
                 &a.common,
                 "atomic",
-                serde_json::json!({ "iterations": p.iterations, "clients": p.clients }),
+                serde_json::json!({ "iterations": p.iterations, "clients": p.clients, "repeat": p.repeat }),
                 |o, host, port| atomic::clients(o, host, port, p),
                 move |o, l| atomic::server(o, l, p).map(|r| vec![r]),
                 atomic::Report::render,

@@ -971,3 +971,60 @@ fn atomic_four_clients_poll_no_overlap() {
 fn atomic_two_clients_event_no_overlap() {
     check_atomic("event", "2");
 }
+
+/// `--repeat OP`: one atomic on one word, `-i` times per client, as ib_atomic_lat measures.
+/// Two clients share the word, so a CAS can lose to the other client and is retried.
+fn check_atomic_repeat(op: &str, mode: &str) {
+    let (stdout, v) = loopback_json(
+        "atomic",
+        &["-i", "30", "--clients", "2", "--repeat", op, "--mode", mode],
+    );
+    // Clients 1 and 2 each add their id 30 times.
+    assert!(
+        stdout.contains("final counter: 90 (expected 90: correct)"),
+        "{stdout}"
+    );
+    let reports = v["reports"].as_array().expect("reports");
+    assert_eq!(reports.len(), 3, "{v:#}");
+    assert_eq!(reports[2]["final_counter"], 90);
+    assert_eq!(reports[2]["final_lock"], 0, "the lock word is untouched");
+    for r in &reports[..2] {
+        assert_eq!(r["role"], "client");
+        assert_eq!(r["repeat"], op, "{r:#}");
+        assert!(r["hold_us"].is_null(), "no lock rounds: {r:#}");
+        match op {
+            "faa" => {
+                assert_eq!(r["fetch_add_us"]["count"], 30, "{r:#}");
+                assert!(r["cmp_swap_us"].is_null(), "{r:#}");
+                assert!(r["lock_attempts"].is_null(), "{r:#}");
+                // Its last add saw at least its 29 earlier ones.
+                assert!(r["last_fetched"].as_u64().unwrap() >= 29, "{r:#}");
+            }
+            _ => {
+                let attempts = r["lock_attempts"].as_u64().unwrap();
+                let retries = r["lock_retries"].as_u64().unwrap();
+                assert_eq!(attempts - retries, 30, "{r:#}");
+                assert_eq!(
+                    r["cmp_swap_us"]["count"], attempts,
+                    "every CAS is timed: {r:#}"
+                );
+                assert!(r["fetch_add_us"].is_null(), "{r:#}");
+            }
+        }
+    }
+    let line = match op {
+        "faa" => "Fetch-and-Add repeated on one word, 30 rounds",
+        _ => "Compare-and-Swap repeated on one word, 30 rounds",
+    };
+    assert!(stdout.contains(line), "{stdout}");
+}
+
+#[test]
+fn atomic_repeat_fetch_add_poll() {
+    check_atomic_repeat("faa", "poll");
+}
+
+#[test]
+fn atomic_repeat_compare_swap_event() {
+    check_atomic_repeat("cas", "event");
+}

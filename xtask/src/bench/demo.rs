@@ -7,8 +7,8 @@
 //! | ping-pong poll/event, one-way median | `pingpong` round trip / 2 | `ib_send_lat` t_typical (`-e` for event) |
 //! | RDMA WRITE ping-pong, one-way median | `write-pingpong` round trip / 2 | `ib_write_lat` t_typical |
 //! | RDMA READ median | `write-read` READ post → completion | `ib_read_lat` t_typical |
-//! | Fetch-and-Add median | `atomic` FADD | `ib_atomic_lat -A FETCH_AND_ADD` |
-//! | Compare-and-Swap median | `atomic` CAS (lock and unlock) | `ib_atomic_lat -A CMP_AND_SWAP` |
+//! | Fetch-and-Add median | `atomic --repeat faa` | `ib_atomic_lat -A FETCH_AND_ADD` |
+//! | Compare-and-Swap median | `atomic --repeat cas` | `ib_atomic_lat -A CMP_AND_SWAP` |
 
 use std::{fmt::Write as _, fs, path::Path, time::Duration};
 
@@ -99,7 +99,10 @@ fn runs() -> Vec<Run> {
             "ib_read_lat",
             format!("-x $G -s {SIZE} -n {ITER_ONE_SIDED} -F"),
         ),
-        ours("at-ours", "atomic", ITER_ONE_SIDED, ""),
+        // ib_atomic_lat's measurement: one atomic repeated on one word (the lock rounds of
+        // plain `atomic` mix five atomics on three words).
+        ours("at-faa-ours", "atomic", ITER_ONE_SIDED, "--repeat faa"),
+        ours("at-cas-ours", "atomic", ITER_ONE_SIDED, "--repeat cas"),
         c(
             "at-fadd",
             "ib_atomic_lat",
@@ -211,7 +214,7 @@ fn rows() -> Vec<Row> {
         },
         Row {
             what: "Fetch-and-Add median (post → completion)",
-            ours_run: "at-ours",
+            ours_run: "at-faa-ours",
             ours: |d, n| client_json(d, n, &["fetch_add_us", "t_typical"]),
             c_label: "ib_atomic_lat -A FETCH_AND_ADD",
             c_run: "at-fadd",
@@ -219,7 +222,7 @@ fn rows() -> Vec<Row> {
         },
         Row {
             what: "Compare-and-Swap median (post → completion)",
-            ours_run: "at-ours",
+            ours_run: "at-cas-ours",
             ours: |d, n| client_json(d, n, &["cmp_swap_us", "t_typical"]),
             c_label: "ib_atomic_lat -A CMP_AND_SWAP",
             c_run: "at-cas",
@@ -356,7 +359,10 @@ fn report(dir: &Path, rounds: u32) -> Section {
          compare medians. The WRITE row compares like with like: `rdma-demo write-pingpong` \
          measures what `ib_write_lat` does, a ping-pong of RDMA WRITEs with both sides \
          polling memory, halved. (`rdma-demo write-read` times one WRITE from post to its \
-         completion, the responder's ACK, which no perftest tool reports.)\n",
+         completion, the responder's ACK, which no perftest tool reports.) So do the atomic \
+         rows: `rdma-demo atomic --repeat faa|cas` repeats one atomic on one 8-byte word, \
+         each timed post → completion, as `ib_atomic_lat` does (plain `atomic` runs lock \
+         rounds of five atomics on three words).\n",
     );
     let _ = writeln!(
         md,
@@ -430,6 +436,28 @@ mod tests {
                 .filter(|r| r.name.ends_with("-ours"))
                 .all(|r| r.client.contains("--json $R/$N.json"))
         );
+    }
+
+    #[test]
+    fn atomic_rows_time_one_repeated_atomic_as_ib_atomic_lat() {
+        let runs = runs();
+        for (what, op, tool_op) in [
+            ("Fetch-and-Add", "--repeat faa", "-A FETCH_AND_ADD"),
+            ("Compare-and-Swap", "--repeat cas", "-A CMP_AND_SWAP"),
+        ] {
+            let row = rows()
+                .into_iter()
+                .find(|r| r.what.starts_with(what))
+                .unwrap();
+            let run = |name| runs.iter().find(|r| r.name == name).unwrap();
+            let (ours, c) = (run(row.ours_run), run(row.c_run));
+            assert!(
+                ours.server.contains(op) && ours.client.contains(op),
+                "{}",
+                ours.client
+            );
+            assert!(c.client.contains(tool_op), "{}", c.client);
+        }
     }
 
     #[test]
