@@ -217,7 +217,7 @@ fn parse_size_of_words(s: &str) -> Result<u32, String> {
 struct AtomicArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Rounds per client (FADD, lock, check, unlock)
+    /// Rounds per client (FADD, lock, check, unlock); with --repeat, atomics per client
     #[arg(short = 'i', long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
     iterations: u32,
     /// Clients at once: the server waits for this many, the client side starts this many
