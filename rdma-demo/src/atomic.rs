@@ -13,12 +13,13 @@
 //!
 //! Then it tells the server with a SEND. The server checks `counter` = Σ id · iterations,
 //! `lock` = 0 and `inside` = 0. Until then it only waits (in poll mode polling every
-//! millisecond, not spinning: [`Completions::passive`]).
+//! 5 ms, not spinning: [`Completions::passive`]).
 //!
 //! With `--repeat faa|cas` a client measures what `ib_atomic_lat` does instead: one atomic
-//! repeated `iterations` times on one word (`counter`), each timed from post to completion.
-//! `faa` adds its id; `cas` swaps the value it last saw for that value + id, and when another
-//! client got there first, retries with the value the CAS returned. Either way `counter` ends
+//! repeated on one word (`counter`), each timed from post to completion. `faa` adds its id
+//! `iterations` times; `cas` swaps the value it last saw for that value + id until `iterations`
+//! swaps have succeeded: when another client got there first, it retries with the value the CAS
+//! returned (every attempt is timed; the report's `lock_attempts` and `lock_retries` count them). Either way `counter` ends
 //! at Σ id · iterations, which the server checks as above.
 
 use std::fmt::Write as _;
@@ -81,7 +82,8 @@ pub struct Report {
     pub mode: Mode,
     pub iterations: u32,
     pub client_id: Option<u32>,
-    /// Client: the atomic it repeated (`--repeat`), or none for the lock rounds.
+    /// The atomic repeated (`--repeat`), or none for the lock rounds. The server reports its
+    /// own flag: what its clients do is theirs to choose, and its check is the same.
     pub repeat: Option<Repeat>,
     pub totals: Totals,
     /// Server: the final counter, what it should be, and the lock words.
@@ -125,12 +127,15 @@ impl Report {
         );
         if let (Some(c), Some(e)) = (self.final_counter, self.expected_counter) {
             let _ = writeln!(out, "final counter: {c} (expected {e}: correct)");
-            let _ = writeln!(
-                out,
-                "lock word: {}, holders inside: {} (no overlap seen)",
-                self.final_lock.unwrap_or_default(),
-                self.final_inside.unwrap_or_default()
-            );
+            // Repeated atomics take no lock: there is no overlap to speak of.
+            if self.repeat.is_none() {
+                let _ = writeln!(
+                    out,
+                    "lock word: {}, holders inside: {} (no overlap seen)",
+                    self.final_lock.unwrap_or_default(),
+                    self.final_inside.unwrap_or_default()
+                );
+            }
         }
         if let (Some(a), Some(r)) = (self.lock_attempts, self.lock_retries) {
             let what = match self.repeat {
@@ -287,7 +292,7 @@ pub fn server(
         mode: ep.mode,
         iterations: p.iterations,
         client_id: None,
-        repeat: None,
+        repeat: p.repeat,
         totals,
         final_counter: Some(counter),
         expected_counter: Some(expected),

@@ -223,8 +223,9 @@ struct AtomicArgs {
     /// Clients at once: the server waits for this many, the client side starts this many
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=atomic::MAX_CLIENTS as i64))]
     clients: u32,
-    /// Client: repeat one atomic on one word -i times instead of the lock rounds, each timed
-    /// post → completion (what ib_atomic_lat -A FETCH_AND_ADD / CMP_AND_SWAP measures)
+    /// Repeat one atomic on one word instead of the lock rounds, each timed post → completion
+    /// (what ib_atomic_lat -A FETCH_AND_ADD / CMP_AND_SWAP measures): -i adds, or -i successful
+    /// CASes (a CAS another client beat is retried, and timed too)
     #[arg(long, value_enum, value_name = "OP")]
     repeat: Option<atomic::Repeat>,
 }

@@ -1,7 +1,7 @@
 //! RDMA WRITE/READ: the client reads the server's buffer, then `iterations` times writes a
 //! pattern into it and reads it back, checking every byte. The server's CPU takes no part: it
 //! fills its buffer once, waits for the client's final SEND (in poll mode polling every
-//! millisecond, not spinning: [`Completions::passive`]), and checks the last pattern.
+//! 5 ms, not spinning: [`Completions::passive`]), and checks the last pattern.
 //!
 //! Memory: the server's demo buffer allows REMOTE_READ | REMOTE_WRITE (and the LOCAL_WRITE the
 //! verbs require with REMOTE_WRITE), and nothing else; the final message lands in a separate

@@ -986,8 +986,13 @@ fn check_atomic_repeat(op: &str, mode: &str) {
     );
     let reports = v["reports"].as_array().expect("reports");
     assert_eq!(reports.len(), 3, "{v:#}");
+    assert_eq!(reports[2]["role"], "server");
     assert_eq!(reports[2]["final_counter"], 90);
     assert_eq!(reports[2]["final_lock"], 0, "the lock word is untouched");
+    assert!(
+        !stdout.contains("no overlap seen"),
+        "no lock was taken: {stdout}"
+    );
     for r in &reports[..2] {
         assert_eq!(r["role"], "client");
         assert_eq!(r["repeat"], op, "{r:#}");
@@ -997,8 +1002,9 @@ fn check_atomic_repeat(op: &str, mode: &str) {
                 assert_eq!(r["fetch_add_us"]["count"], 30, "{r:#}");
                 assert!(r["cmp_swap_us"].is_null(), "{r:#}");
                 assert!(r["lock_attempts"].is_null(), "{r:#}");
-                // Its last add saw at least its 29 earlier ones.
-                assert!(r["last_fetched"].as_u64().unwrap() >= 29, "{r:#}");
+                // Its last add saw at least its own 29 earlier ones.
+                let id = r["client_id"].as_u64().unwrap();
+                assert!(r["last_fetched"].as_u64().unwrap() >= 29 * id, "{r:#}");
             }
             _ => {
                 let attempts = r["lock_attempts"].as_u64().unwrap();
@@ -1009,6 +1015,7 @@ fn check_atomic_repeat(op: &str, mode: &str) {
                     "every CAS is timed: {r:#}"
                 );
                 assert!(r["fetch_add_us"].is_null(), "{r:#}");
+                assert!(r["last_fetched"].is_null(), "no Fetch-and-Add: {r:#}");
             }
         }
     }
