@@ -19,8 +19,8 @@
 //! repeated on one word (`counter`), each timed from post to completion. `faa` adds its id
 //! `iterations` times; `cas` swaps the value it last saw for that value + id until `iterations`
 //! swaps have succeeded: when another client got there first, it retries with the value the CAS
-//! returned (every attempt is timed; the report's `lock_attempts` and `lock_retries` count them). Either way `counter` ends
-//! at Σ id · iterations, which the server checks as above.
+//! returned (every attempt is timed; the report's `lock_attempts` and `lock_retries` count
+//! them). Either way `counter` ends at Σ id · iterations, which the server checks as above.
 
 use std::fmt::Write as _;
 use std::net::TcpListener;
@@ -513,6 +513,8 @@ pub fn client(
     expect(wc, WcOpcode::Send, &what)?;
     // The lock rounds add two FADDs of `inside` per round, which are not timed.
     let untimed = if p.repeat.is_some() { 0 } else { 2 };
+    // Fetch-and-Add alone makes no CAS attempt.
+    let made_cas = p.repeat != Some(Repeat::Faa);
     let ops = fadds.len() as u64 + cass.len() as u64 + untimed * u64::from(p.iterations);
     let totals = Totals::new(
         total,
@@ -533,9 +535,8 @@ pub fn client(
         expected_counter: None,
         final_lock: None,
         final_inside: None,
-        // Fetch-and-Add alone makes no CAS attempt.
-        lock_attempts: (p.repeat != Some(Repeat::Faa)).then_some(attempts),
-        lock_retries: (p.repeat != Some(Repeat::Faa)).then_some(retries),
+        lock_attempts: made_cas.then_some(attempts),
+        lock_retries: made_cas.then_some(retries),
         hold_us: stats::summarize(&holds),
         fetch_add_us: stats::summarize(&fadds),
         cmp_swap_us: stats::summarize(&cass),
