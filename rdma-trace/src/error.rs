@@ -11,6 +11,21 @@ pub struct Unsupported(pub String);
 #[error("{0}")]
 pub struct DemoFailed(pub String);
 
+/// An error and its sources on one line (aya nests io errors and verifier logs).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
 /// Exit codes, documented in `--help`.
 pub mod exit {
     pub const OK: u8 = 0;

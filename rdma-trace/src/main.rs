@@ -1,33 +1,26 @@
 //! rdma-trace: latency histograms of the Linux RDMA completion path, with eBPF.
 
-mod baseline;
-mod batch;
+// Layers, lowest first: the root modules (errors, signals, output files, start-up steps, verbosity),
+// kernel, bpf, waterfall, model, load, views, run, cmd. An import runs downwards only: see
+// `layers::tests` (a lint that reads the `use` lines).
 mod bpf;
-mod budget;
-mod calibrate;
 mod cmd;
-mod ebpf_log;
-mod elf;
 mod error;
-mod hist;
 mod kernel;
+mod layers;
+mod load;
+mod model;
 mod output;
-mod overhead;
-mod plan;
-mod probes;
-mod programs;
-mod report;
-mod session;
+mod run;
 mod signals;
-mod softroce;
 mod startup;
-mod timeline;
-mod tui;
+mod verbosity;
+mod views;
 mod waterfall;
-mod window;
-mod workload;
 
-use std::{process::ExitCode, time::Duration};
+use std::process::ExitCode;
+#[cfg(test)]
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -111,18 +104,10 @@ enum Cmd {
     Man(cmd::completions::ManArgs),
 }
 
-/// Parse a positive number of seconds (`2`, `0.5`).
-fn parse_seconds(s: &str) -> Result<Duration, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(Duration::from_secs_f64(v)),
-        _ => Err(format!("`{s}` is not a positive number of seconds")),
-    }
-}
-
 fn main() -> ExitCode {
     startup::begin();
     let cli = Cli::parse();
-    ebpf_log::init(cli.verbose, std::env::var("RUST_LOG").ok().as_deref());
+    verbosity::init(cli.verbose, std::env::var("RUST_LOG").ok().as_deref());
     // Generated from the CLI definition: no runtime, no privileges.
     let generated = match &cli.cmd {
         Cmd::Completions(a) => Some(cmd::completions::completions(
@@ -202,6 +187,7 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cmd::parse_seconds;
 
     #[test]
     fn seconds_parser_rejects_nonsense() {

@@ -24,6 +24,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
 
 /// A private directory (0700, unpredictable name); removed, with its contents, on drop.
 #[derive(Debug)]
@@ -237,6 +238,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Write `report` as pretty JSON to `path` (`-` = stdout), atomically (see `output`).
+pub fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(report).context("serializing the report")?;
+    write_atomic(path, (text + "\n").as_bytes()).context("writing the JSON report")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,7 +295,7 @@ mod tests {
         let report = d.path().join("report.json");
         std::os::unix::fs::symlink(&victim, &report).unwrap();
         // The path every `--json` report takes.
-        crate::cmd::write_json(&report, &serde_json::json!({ "ok": 1 })).unwrap();
+        write_json(&report, &serde_json::json!({ "ok": 1 })).unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
         assert_eq!(
             std::fs::read_to_string(&report).unwrap(),

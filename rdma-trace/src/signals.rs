@@ -3,7 +3,7 @@
 //! [`install`] runs first thing in `main`, before any device, probe or child exists. From then on
 //! SIGINT, SIGTERM and SIGHUP no longer kill the process: the first one is recorded (a flag set
 //! by an async-signal-safe handler) and every loop learns about it, through [`stopped`] (async,
-//! awaited by the one sampling loop, `crate::window::Waiter`) or [`check`] (between blocking
+//! awaited by the one sampling loop, `crate::model::window::Waiter`) or [`check`] (between blocking
 //! steps such as attaching probes). A signal that arrives while no loop waits is kept, never
 //! lost: the state is sticky, unlike a `ctrl_c()` future created anew on each pass of a loop.
 //! Unwinding then drops the probes, the children and the temporary device.
@@ -250,9 +250,9 @@ mod tests {
     }
 
     struct Idle;
-    impl crate::tui::Source for Idle {
-        fn sample(&mut self, _: Duration) -> Result<crate::tui::Sample> {
-            Ok(crate::tui::app::tests::sample(&[]))
+    impl crate::model::sample::Source for Idle {
+        fn sample(&mut self, _: Duration) -> Result<crate::model::sample::Sample> {
+            Ok(crate::views::tui::app::tests::sample(&[]))
         }
         fn reset(&mut self) -> Result<()> {
             Ok(())
@@ -280,13 +280,13 @@ mod tests {
             listen().unwrap();
             let limit = Duration::from_secs(5);
             // The live view's loop, then another one: both see the signal that came before them.
-            let mut live = crate::tui::Live::quiet("t");
+            let mut live = crate::views::tui::Live::quiet("t");
             let w = tokio::time::timeout(limit, live.watch(&mut Idle, None, None))
                 .await
                 .expect("the live view missed the signal")
                 .unwrap();
             assert_eq!(w.ended_by, "terminated");
-            let w = tokio::time::timeout(limit, crate::window::wait_window(None, None))
+            let w = tokio::time::timeout(limit, crate::model::window::wait_window(None, None))
                 .await
                 .expect("the second loop missed the signal")
                 .unwrap();
@@ -313,7 +313,7 @@ mod tests {
             });
             let w = tokio::time::timeout(
                 Duration::from_secs(5),
-                crate::window::wait_window(Some(Duration::from_secs(60)), None),
+                crate::model::window::wait_window(Some(Duration::from_secs(60)), None),
             )
             .await
             .expect("the loop missed the signal")

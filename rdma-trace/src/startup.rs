@@ -48,7 +48,7 @@ pub fn summary() -> Option<String> {
 
 /// With `-v`: the steps on stderr (call once everything is attached).
 pub fn print_if_verbose() {
-    if crate::ebpf_log::level() > 0
+    if crate::verbosity::level() > 0
         && let Some(line) = summary()
     {
         eprintln!("rdma-trace: {line}");

@@ -13,18 +13,19 @@ use serde::Serialize;
 use tokio::time::MissedTickBehavior;
 
 use crate::{
-    bpf::{Bpf, chain},
+    bpf::loader::Bpf,
     error::Unsupported,
-    kernel::Kernel,
-    overhead::{LoaderUsage, Overhead},
-    plan::{self, Facts, Options},
-    window::Waiter,
+    error::chain,
+    kernel::facts::Kernel,
+    kernel::plan::{self, Facts, Options},
+    model::overhead::{LoaderUsage, Overhead},
+    model::window::Waiter,
 };
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Log for this many seconds (default: until Ctrl-C).
-    #[arg(short, long, value_name = "SECS", value_parser = crate::parse_seconds)]
+    #[arg(short, long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
     pub duration: Option<Duration>,
     /// Only calls made in this process (its tgid).
     #[arg(short, long, value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]

@@ -36,13 +36,13 @@ use tokio::{
 };
 
 use crate::{
-    bpf::{Outcome, ProbeData},
-    hist::Histogram,
-    kernel::{Kernel, RdmaDevice},
-    plan::Options,
-    probes::{Driver, PROBES, ProbeDef, Unit},
-    session::Session,
-    window::Waiter,
+    bpf::hist::Histogram,
+    bpf::loader::{Outcome, ProbeData},
+    bpf::session::Session,
+    kernel::facts::{Kernel, RdmaDevice},
+    kernel::plan::Options,
+    kernel::probes::{Driver, PROBES, ProbeDef, Unit},
+    model::window::Waiter,
 };
 
 #[derive(clap::Args, Debug)]
@@ -58,7 +58,7 @@ pub struct Args {
     #[arg(long, value_name = "ADDR")]
     pub listen: SocketAddr,
     /// Seconds between two reads of the eBPF maps.
-    #[arg(long, value_name = "SECS", default_value = "5", value_parser = crate::parse_seconds)]
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = crate::cmd::parse_seconds)]
     pub interval: Duration,
     /// Value of the `host` label [default: the kernel's hostname].
     #[arg(long, value_name = "NAME")]

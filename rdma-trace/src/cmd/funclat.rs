@@ -9,14 +9,14 @@ use rdma_trace_common::MAX_KSLOTS;
 use serde::Serialize;
 
 use crate::{
-    cmd::write_json,
+    bpf::session::Session,
     error::Unsupported,
-    kernel::Kernel,
-    plan::Options,
-    probes::{Driver, Method, ProbeDef, Role, Shape},
-    report::{ProbeReport, probe_reports, render},
-    session::Session,
-    window::{Window, wait_window},
+    kernel::facts::Kernel,
+    kernel::plan::Options,
+    kernel::probes::{Driver, Method, ProbeDef, Role, Shape},
+    model::report::{ProbeReport, probe_reports, render},
+    model::window::{Window, wait_window},
+    output::write_json,
 };
 
 #[derive(clap::Args, Debug)]
@@ -25,7 +25,7 @@ pub struct Args {
     #[arg(required = true, value_name = "FUNCTION")]
     pub functions: Vec<String>,
     /// Collect for this many seconds (with a command: at most this long).
-    #[arg(short, long, value_name = "SECS", value_parser = crate::parse_seconds)]
+    #[arg(short, long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
     pub duration: Option<Duration>,
     /// Also write the report as JSON to this file (`-`: stdout).
     #[arg(long, value_name = "PATH")]
@@ -73,8 +73,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         .collect();
     let mut session = Session::start(&kernel, &defs, Options::default())?;
     if let Some(why) = session.outcomes.iter().find_map(|o| match o {
-        crate::bpf::Outcome::Skipped(why) => Some(why.clone()),
-        crate::bpf::Outcome::Attached(_) => None,
+        crate::bpf::loader::Outcome::Skipped(why) => Some(why.clone()),
+        crate::bpf::loader::Outcome::Attached(_) => None,
     }) {
         return Err(anyhow!(Unsupported(format!(
             "cannot time every function given: {why}"

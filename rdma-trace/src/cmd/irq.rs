@@ -9,17 +9,18 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::{
-    baseline::{Baseline, delta},
-    cmd::write_json,
+    bpf::session::Session,
     error::Unsupported,
-    kernel::Kernel,
-    overhead::Overhead,
-    plan::Options,
-    probes::{Driver, Method, PROBES, Patterns, ProbeDef, Role, Shape, glob_match},
-    report::{ProbeReport, probe_reports, render},
-    session::Session,
-    tui::{Live, Sample, Source},
-    window::Window,
+    kernel::facts::Kernel,
+    kernel::plan::Options,
+    kernel::probes::{Driver, Method, PROBES, Patterns, ProbeDef, Role, Shape, glob_match},
+    model::baseline::{Baseline, delta},
+    model::overhead::Overhead,
+    model::report::{ProbeReport, probe_reports, render},
+    model::sample::{Sample, Source},
+    model::window::Window,
+    output::write_json,
+    views::tui::Live,
 };
 
 /// IRQs traced without `--match` besides those of the table's IRQ rows: irdma's AEQ vector
@@ -45,7 +46,7 @@ pub fn default_patterns() -> Vec<String> {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Collect for this many seconds (default: until q or Ctrl-C).
-    #[arg(short, long, value_name = "SECS", value_parser = crate::parse_seconds)]
+    #[arg(short, long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
     pub duration: Option<Duration>,
     /// IRQ names to trace, as in /proc/interrupts; `*` matches any text; repeat or separate
     /// with commas [default: the completion vectors of mlx5, irdma, bnxt_re and MANA, mlx5_async*,
@@ -59,7 +60,7 @@ pub struct Args {
     #[arg(long)]
     pub no_tui: bool,
     /// Refresh interval of the live view [default: 0.25 s on the screen, 1 s as text].
-    #[arg(long, value_name = "SECS", value_parser = crate::parse_seconds)]
+    #[arg(long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
     pub interval: Option<Duration>,
 }
 
@@ -335,7 +336,7 @@ mod tests {
             numbers: vec![38],
             cpus: vec![0, 42],
             irq: "virtio2-input.0".to_owned(),
-            probe: crate::tui::app::tests::report("irq virtio2-input.0", 42, false),
+            probe: crate::views::tui::app::tests::report("irq virtio2-input.0", 42, false),
         };
         let t = cpu_table(&[r]);
         assert!(t.contains("CPU0") && t.contains("CPU1"), "{t}");

@@ -10,42 +10,12 @@ pub mod run;
 pub mod softirqs;
 pub mod verify;
 
-use std::path::Path;
+use std::time::Duration;
 
-use anyhow::{Context as _, Result};
-use serde::Serialize;
-
-/// What an rdma-demo exit status means (rdma-demo's `--help` lists them).
-pub fn demo_status_meaning(status: Option<i32>) -> &'static str {
-    use rdma_demo::error::exit as e;
-    let Some(s) = status else {
-        return "it did not exit";
-    };
-    [
-        (e::FAILURE, "failure"),
-        (e::USAGE, "bad usage"),
-        (e::NO_DEVICE, "no or unknown RDMA device"),
-        (e::PORT, "port or GID"),
-        (e::CONNECT, "no TCP connection"),
-        (e::EXCHANGE, "bad exchange"),
-        (e::TIMEOUT, "completion timeout"),
-        (e::WC_STATUS, "completion error"),
-        (e::VERIFY, "verification failed"),
-    ]
-    .iter()
-    .find(|(code, _)| i32::from(*code) == s)
-    .map_or(
-        if s > crate::signals::SIGNAL_STATUS_BASE {
-            "killed by a signal"
-        } else {
-            "unknown"
-        },
-        |(_, m)| m,
-    )
-}
-
-/// Write `report` as pretty JSON to `path` (`-` = stdout), atomically (see `output`).
-pub fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
-    let text = serde_json::to_string_pretty(report).context("serializing the report")?;
-    crate::output::write_atomic(path, (text + "\n").as_bytes()).context("writing the JSON report")
+/// Parse a positive number of seconds (`2`, `0.5`).
+pub fn parse_seconds(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(Duration::from_secs_f64(v)),
+        _ => Err(format!("`{s}` is not a positive number of seconds")),
+    }
 }

@@ -8,10 +8,10 @@ use anyhow::{Result, bail};
 use serde::Serialize;
 
 use crate::{
-    bpf::{Bpf, Outcome},
-    kernel::Kernel,
-    plan::{self, Decision, Facts, Options, PlannedProbe},
-    probes::{Driver, PROBES, ProbeDef, Shape},
+    bpf::loader::{Bpf, Outcome},
+    kernel::facts::Kernel,
+    kernel::plan::{self, Decision, Facts, Options, PlannedProbe},
+    kernel::probes::{Driver, PROBES, ProbeDef, Shape},
 };
 
 #[derive(clap::Args, Debug)]
@@ -257,7 +257,7 @@ fn text(l: &Listing) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::fixture_facts as facts;
+    use crate::kernel::plan::fixture_facts as facts;
 
     #[test]
     fn listing_shows_methods_and_typed_reasons() {

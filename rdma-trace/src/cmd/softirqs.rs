@@ -8,19 +8,19 @@ use rdma_trace_common::{NR_SOFTIRQS, SOFTIRQ_NAMES};
 use serde::Serialize;
 
 use crate::{
-    cmd::write_json,
-    kernel::Kernel,
-    plan::Options,
-    probes::{Driver, Method, ProbeDef, Role, Shape},
-    report::{ProbeReport, probe_reports, render},
-    session::Session,
-    window::{Window, wait_window},
+    bpf::session::Session,
+    kernel::facts::Kernel,
+    kernel::plan::Options,
+    kernel::probes::{Driver, Method, ProbeDef, Role, Shape},
+    model::report::{ProbeReport, probe_reports, render},
+    model::window::{Window, wait_window},
+    output::write_json,
 };
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Collect for this many seconds (default: until Ctrl-C).
-    #[arg(short, long, value_name = "SECS", value_parser = crate::parse_seconds)]
+    #[arg(short, long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
     pub duration: Option<Duration>,
     /// Also write the report as JSON to this file (`-`: stdout).
     #[arg(long, value_name = "PATH")]

@@ -25,11 +25,12 @@ use serde::Serialize;
 use tokio::io::AsyncReadExt as _;
 
 use crate::{
-    bpf::{chain, load_object},
-    cmd::write_json,
+    bpf::loader::load_object,
+    error::chain,
     error::{DemoFailed, Unsupported},
-    kernel::Kernel,
-    window::{Window, wait_window},
+    kernel::facts::Kernel,
+    model::window::{Window, wait_window},
+    output::write_json,
 };
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -153,7 +154,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         crate::output::check_writable(path)?;
     }
     let table = SyscallTable::native()?;
-    let demo = crate::cmd::run::demo_binary(args.demo_binary.as_deref())?;
+    let demo = crate::load::demo::binary(args.demo_binary.as_deref())?;
     let demo_args = demo_args(args, &Kernel::live())?;
     let mut tracer = Tracer::load(&table)?;
     crate::signals::check()?;
@@ -218,7 +219,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             window
                 .command_status
                 .map_or("none".into(), |s| s.to_string()),
-            crate::cmd::demo_status_meaning(window.command_status),
+            crate::load::demo::status_meaning(window.command_status),
             stderr.trim()
         ))));
     }
@@ -376,7 +377,7 @@ impl Tracer {
 /// kernel refused for want of privileges (EPERM or EACCES in the error's sources).
 fn permission(e: &(dyn std::error::Error + 'static), what: &str) -> anyhow::Error {
     let text = chain(e);
-    if crate::bpf::is_permission_error(e) {
+    if crate::bpf::loader::is_permission_error(e) {
         anyhow!(Unsupported(format!(
             "{what}: {text}: run as root (CAP_BPF and CAP_PERFMON)"
         )))

@@ -25,10 +25,10 @@ use rdma_trace_common::waterfall::{
 pub use self::model::{Snapshot, WaterfallReport};
 use self::{btf::Btf, topology::Topology};
 use crate::{
-    bpf::chain,
+    bpf::hist::Histogram,
     error::Unsupported,
-    hist::Histogram,
-    kernel::{Kernel, format_offset},
+    error::chain,
+    kernel::facts::{Kernel, format_offset},
 };
 
 /// Offset of `field` in tracepoint `event`'s records (`sched/sched_switch`), from tracefs.
@@ -122,7 +122,7 @@ impl Waterfall {
             .max(if timeline > 0 { TIMELINE_RING_BYTES } else { 0 })
             .next_power_of_two()
             .clamp(4096, 1 << 28) as u32;
-        let mut ebpf = crate::bpf::load_object("the eBPF object for the waterfall", |l| {
+        let mut ebpf = crate::bpf::loader::load_object("the eBPF object for the waterfall", |l| {
             l.override_global("WF_CONFIG", &cfg, true)
                 .map_max_entries("WF_SAMPLES", ring)
         })?;
@@ -203,7 +203,7 @@ impl Waterfall {
         // mlx5: the completion IRQ that runs before the callback on the same CPU is an earlier
         // T0. The program is always loaded (so the verifier checks it everywhere), and attached
         // where such IRQs exist.
-        let irqs = mlx5_completion_irqs(&crate::kernel::Kernel::live().interrupts());
+        let irqs = mlx5_completion_irqs(&crate::kernel::facts::Kernel::live().interrupts());
         let skipped = wf.mlx5_irq(&irqs).err().map(|e| format!("{e:#}"));
         wf.notes.push(AttachNote {
             program: "wf_mlx5_irq",
@@ -269,13 +269,13 @@ impl Waterfall {
     }
 
     /// Run count and time of every attached waterfall program (for the self-cost table).
-    pub fn program_stats(&self) -> Vec<crate::overhead::ProgramStat> {
+    pub fn program_stats(&self) -> Vec<crate::bpf::stats::ProgramStat> {
         self.notes
             .iter()
             .filter(|n| n.skipped.is_none())
             .filter_map(|n| {
                 let info = self.ebpf.program(n.program)?.info().ok()?;
-                Some(crate::overhead::ProgramStat {
+                Some(crate::bpf::stats::ProgramStat {
                     name: n.program.to_owned(),
                     target: n.target.clone(),
                     runs: info.run_count(),
@@ -352,22 +352,22 @@ impl Waterfall {
             }
         };
         let (threads, counts, hists) = (fd("WF_THREAD")?, fd("WF_COUNTS")?, fd("WF_HIST")?);
-        let cpus = crate::batch::possible_cpus()?;
+        let cpus = crate::bpf::batch::possible_cpus()?;
         // The owners first (a few hundred bytes): a slot's owner is written before anything is
         // counted in it, so only owned slots (and the shared last one) are read further. The
         // counters of all slots would be 1.7 KiB per slot and CPU at every refresh.
-        let owners: Vec<WfThread> = crate::batch::lookup_range(threads, 0, WF_THREADS, 1)?;
+        let owners: Vec<WfThread> = crate::bpf::batch::lookup_range(threads, 0, WF_THREADS, 1)?;
         let mut out = Vec::new();
         for (slot, info) in (0..WF_THREADS).zip(owners) {
             if !owned(slot, &info) {
                 continue;
             }
-            let per_cpu: Vec<WfCounts> = crate::batch::lookup_range(counts, slot, 1, cpus)?;
+            let per_cpu: Vec<WfCounts> = crate::bpf::batch::lookup_range(counts, slot, 1, cpus)?;
             if unused(&per_cpu) {
                 continue;
             }
             let hs: Vec<WfHist> =
-                crate::batch::lookup_range(hists, slot * WF_NHIST, WF_NHIST, cpus)?;
+                crate::bpf::batch::lookup_range(hists, slot * WF_NHIST, WF_NHIST, cpus)?;
             out.push((
                 slot,
                 info,
@@ -422,12 +422,12 @@ impl Waterfall {
     }
 
     /// The live view's waterfall pane: every thread since `base`.
-    pub fn view(&self, base: &Snapshot) -> Result<crate::tui::WaterfallView> {
+    pub fn view(&self, base: &Snapshot) -> Result<WaterfallView> {
         // Each refresh empties the sample ring, so that a timeline's ring never fills.
         self.drain();
         let now = self.snapshot()?.since(base);
         Ok(match now.merged() {
-            Some(w) => crate::tui::WaterfallView {
+            Some(w) => WaterfallView {
                 events: w.events,
                 woken: w.woken,
                 awake: w.awake,
@@ -445,7 +445,7 @@ impl Waterfall {
                     .collect(),
                 total_mean_ns: w.total_mean_ns,
             },
-            None => crate::tui::WaterfallView::default(),
+            None => WaterfallView::default(),
         })
     }
 
@@ -507,7 +507,7 @@ type RawSlot = (u32, WfThread, Vec<WfCounts>, Vec<Vec<WfHist>>);
 
 /// IRQ numbers of mlx5's completion vectors: the IRQs the probe table's mlx5 IRQ rows match.
 pub fn mlx5_completion_irqs(interrupts: &[(u32, String)]) -> Vec<u32> {
-    use crate::probes::{Driver, PROBES, Shape};
+    use crate::kernel::probes::{Driver, PROBES, Shape};
     let patterns: Vec<_> = PROBES
         .iter()
         .filter(|p| p.driver == Driver::Mlx5)
@@ -617,6 +617,18 @@ fn comm(raw: &[u8; 16]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
+/// What the waterfall pane shows: the stages of woken events, stacked, at p50 and p99.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WaterfallView {
+    pub events: u64,
+    pub woken: u64,
+    pub awake: u64,
+    /// (stage, p50 ns, p99 ns), in time order.
+    pub stages: Vec<(&'static str, f64, f64)>,
+    /// Mean T1→T4 over every event.
+    pub total_mean_ns: Option<f64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -628,14 +640,16 @@ mod tests {
             "/tests/fixtures/mlx5-6.12/proc/interrupts"
         ))
         .expect("fixture");
-        let irqs = crate::kernel::parse_interrupts(&text);
+        let irqs = crate::kernel::facts::parse_interrupts(&text);
         assert_eq!(mlx5_completion_irqs(&irqs), [121, 122]);
         let rxe_guest = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/fixtures/irdma-6.12/proc/interrupts"
         ))
         .expect("fixture");
-        assert!(mlx5_completion_irqs(&crate::kernel::parse_interrupts(&rxe_guest)).is_empty());
+        assert!(
+            mlx5_completion_irqs(&crate::kernel::facts::parse_interrupts(&rxe_guest)).is_empty()
+        );
     }
 
     #[test]

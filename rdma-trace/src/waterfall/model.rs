@@ -11,7 +11,7 @@ use rdma_trace_common::waterfall::{
 use serde::Serialize;
 
 use super::topology::CLASS_NAMES;
-use crate::hist::{Bucket, Histogram, human_ns_f};
+use crate::bpf::hist::{Bucket, Histogram, human_ns_f};
 
 /// Counters of one thread, summed over CPUs.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::kernel::RdmaDevice;
+use crate::kernel::facts::RdmaDevice;
 
 /// Name of the temporary device: ours, so we never remove a device we did not create.
 pub const NAME: &str = "rdmatrace0";

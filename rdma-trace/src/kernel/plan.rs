@@ -16,8 +16,8 @@ use rdma_trace_common::{
 };
 
 use crate::{
-    kernel::{Kernel, RdmaDevice, Symbol},
-    probes::{Driver, Method, Patterns, ProbeDef, Role, Shape},
+    kernel::facts::{Kernel, RdmaDevice, Symbol},
+    kernel::probes::{Driver, Method, Patterns, ProbeDef, Role, Shape},
 };
 
 /// What the kernel offers, as far as probe selection is concerned.
@@ -608,13 +608,13 @@ pub(crate) fn fixture_facts(fixture: &str) -> Facts {
             .join("tests/fixtures")
             .join(fixture),
     );
-    Facts::gather(&k, crate::probes::PROBES)
+    Facts::gather(&k, crate::kernel::probes::PROBES)
 }
 
 #[cfg(test)]
 mod tests {
     use super::{fixture_facts as facts, *};
-    use crate::probes::PROBES;
+    use crate::kernel::probes::PROBES;
 
     fn decision<'a>(p: &'a Plan, name: &str) -> &'a Decision {
         &p.probes

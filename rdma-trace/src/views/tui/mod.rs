@@ -1,6 +1,6 @@
 //! The live view: a ratatui screen when stdout is a terminal, text histograms each interval
 //! otherwise (or with `--no-tui`). [`Live::watch`] drives it from the one sampling loop
-//! (`crate::window::Waiter`): a refresh tick, keys, the traced command's exit, the duration, and
+//! (`crate::model::window::Waiter`): a refresh tick, keys, the traced command's exit, the duration, and
 //! the process's one signal stream (`crate::signals`: SIGINT, SIGTERM, SIGHUP).
 //!
 //! The terminal is restored when [`Live`] drops (every return path, SIGTERM included), and by
@@ -22,26 +22,16 @@ use std::{
 use anyhow::{Context as _, Result};
 use tokio::{process::Child, sync::mpsc, time::MissedTickBehavior};
 
-pub use self::app::{App, Key, Progress, Sample, WaterfallView};
+pub use self::app::{App, Key};
 
-use crate::window::{End, Waiter, Wake, Window};
+use crate::model::{
+    sample::Source,
+    window::{End, Waiter, Wake, Window},
+};
 
 /// Default refresh of the screen (4 Hz) and of the text view.
 pub const TUI_INTERVAL: Duration = Duration::from_millis(250);
 pub const TEXT_INTERVAL: Duration = Duration::from_secs(1);
-
-/// What feeds the view.
-pub trait Source {
-    /// Data since the last reset, `elapsed` into the window.
-    fn sample(&mut self, elapsed: Duration) -> Result<Sample>;
-    /// Start counting from now (key `r`).
-    fn reset(&mut self) -> Result<()>;
-    /// Checked after each refresh: `Some(why)` ends the window (e.g. every traced process
-    /// exited), `why` becoming [`Window::ended_by`].
-    fn finished(&mut self) -> Option<&'static str> {
-        None
-    }
-}
 
 /// Where the view goes.
 pub enum Output {
@@ -262,8 +252,8 @@ pub fn text_block(app: &App) -> String {
             .map(|(n, p50, p99)| {
                 format!(
                     "{n} {}/{}",
-                    crate::hist::human_ns_f(*p50),
-                    crate::hist::human_ns_f(*p99)
+                    crate::bpf::hist::human_ns_f(*p50),
+                    crate::bpf::hist::human_ns_f(*p99)
                 )
             })
             .collect();
@@ -287,7 +277,7 @@ pub fn text_block(app: &App) -> String {
 }
 
 /// `▁▃█▂` over the log2 rows, with the first row's lower bound.
-fn sparkline(r: &crate::report::ProbeReport) -> String {
+fn sparkline(r: &crate::model::report::ProbeReport) -> String {
     const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
     let max = r.log2.iter().map(|b| b.count).max().unwrap_or(0);
     if max == 0 {
@@ -306,8 +296,8 @@ fn sparkline(r: &crate::report::ProbeReport) -> String {
         .collect();
     let lo = r.log2.first().map_or(0, |b| b.lo);
     let lo = match r.unit {
-        crate::probes::Unit::Nanoseconds => crate::hist::human_ns(lo),
-        crate::probes::Unit::Packets => lo.to_string(),
+        crate::kernel::probes::Unit::Nanoseconds => crate::bpf::hist::human_ns(lo),
+        crate::kernel::probes::Unit::Packets => lo.to_string(),
     };
     format!("{lo} {bars}")
 }
@@ -401,7 +391,8 @@ impl Drop for Screen {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tui::app::tests::sample;
+    use crate::model::sample::Sample;
+    use crate::views::tui::app::tests::sample;
 
     #[test]
     fn text_view_lists_counting_probes_with_sparklines() {

@@ -11,11 +11,12 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    bpf::ProbeData,
-    overhead::{LoaderUsage, Overhead, ProgramStat},
-    report::{ProbeReport, probe_reports},
-    session::Session,
-    tui::{Progress, Sample},
+    bpf::loader::ProbeData,
+    bpf::session::Session,
+    bpf::stats::ProgramStat,
+    model::overhead::{LoaderUsage, Overhead},
+    model::report::{ProbeReport, probe_reports},
+    model::sample::{Progress, Sample},
     waterfall::{self, Waterfall},
 };
 

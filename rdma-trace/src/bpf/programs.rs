@@ -11,7 +11,7 @@ mod tests {
     use object::{Object as _, ObjectSection as _, ObjectSymbol as _, SymbolKind};
     use rdma_trace_common::{MAX_KSLOTS, cq::CQ_FUNCTIONS};
 
-    use crate::bpf::OBJECT;
+    use crate::bpf::loader::OBJECT;
 
     /// Section prefixes of BPF programs (aya's naming).
     const PROGRAM_SECTIONS: &[&str] = &[

@@ -7,7 +7,14 @@ use std::{
     time::Duration,
 };
 
-use crate::{overhead::Overhead, report::ProbeReport};
+use crate::{
+    model::{
+        overhead::Overhead,
+        report::ProbeReport,
+        sample::{Progress, Sample},
+    },
+    waterfall::WaterfallView,
+};
 
 /// What a key press asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,50 +49,6 @@ impl Key {
             _ => return None,
         })
     }
-}
-
-/// Where the load generator is.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Progress {
-    /// What runs (`event mode, rxe0 ↔ rxe1`).
-    pub label: String,
-    pub elapsed: Duration,
-    /// Work done so far (e.g. ping-pong iterations), when it can be told.
-    pub done: Option<u64>,
-    pub total: Option<u64>,
-    /// How `done` is known (`rxe_cq_post / 4`).
-    pub done_from: Option<&'static str>,
-}
-
-impl Progress {
-    /// Fraction done in 0..=1, when known.
-    pub fn ratio(&self) -> Option<f64> {
-        match (self.done, self.total) {
-            (Some(d), Some(t)) if t > 0 => Some((d as f64 / t as f64).clamp(0.0, 1.0)),
-            _ => None,
-        }
-    }
-}
-
-/// One refresh worth of data.
-pub struct Sample {
-    pub probes: Vec<ProbeReport>,
-    pub overhead: Option<Overhead>,
-    pub progress: Progress,
-    /// The completion waterfall since the view's baseline, when it is traced.
-    pub waterfall: Option<WaterfallView>,
-}
-
-/// What the waterfall pane shows: the stages of woken events, stacked, at p50 and p99.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct WaterfallView {
-    pub events: u64,
-    pub woken: u64,
-    pub awake: u64,
-    /// (stage, p50 ns, p99 ns), in time order.
-    pub stages: Vec<(&'static str, f64, f64)>,
-    /// Mean T1→T4 over every event.
-    pub total_mean_ns: Option<f64>,
 }
 
 /// Columns of history the heat map keeps.
@@ -285,8 +248,8 @@ impl App {
 pub(crate) mod tests {
     use super::*;
     use crate::{
-        hist::{Bucket, Summary},
-        probes::{Driver, Unit},
+        bpf::hist::{Bucket, Summary},
+        kernel::probes::{Driver, Unit},
     };
 
     pub fn report(name: &'static str, count: u64, skipped: bool) -> ProbeReport {

@@ -8,12 +8,11 @@ use std::collections::HashMap;
 use anyhow::{Result, anyhow};
 
 use crate::{
-    bpf::{Bpf, Outcome, ProbeData},
+    bpf::loader::{Bpf, ObjectConfig, Outcome, ProbeData},
     error::Unsupported,
-    kernel::Kernel,
-    plan::{self, Options, Plan},
-    probes::ProbeDef,
-    workload::Extra,
+    kernel::facts::Kernel,
+    kernel::plan::{self, Options, Plan},
+    kernel::probes::ProbeDef,
 };
 
 pub struct Session {
@@ -25,22 +24,22 @@ pub struct Session {
 impl Session {
     /// Attach every probe of `defs` that this kernel allows. Fails when none attaches.
     pub fn start(kernel: &Kernel, defs: &[ProbeDef], opts: Options) -> Result<Self> {
-        Self::start_with(kernel, defs, opts, &Extra::default())
+        Self::start_with(kernel, defs, opts, &ObjectConfig::default())
     }
 
-    /// [`Session::start`] with the workload and timeline configuration of `extra`.
+    /// [`Session::start`] with the object configuration of the features above (`config`).
     pub fn start_with(
         kernel: &Kernel,
         defs: &[ProbeDef],
         opts: Options,
-        extra: &Extra,
+        config: &ObjectConfig,
     ) -> Result<Self> {
         let plan = plan::plan_to_attach(kernel, defs, opts);
         crate::startup::step("kernel facts and plan");
         if plan.fentry_first() {
-            crate::bpf::prefetch_kernel_btf();
+            crate::bpf::loader::prefetch_kernel_btf();
         }
-        let mut bpf = Bpf::load_with(&plan, extra)?;
+        let mut bpf = Bpf::load_with(&plan, config)?;
         crate::startup::step("object and maps");
         let outcomes = bpf.attach(&plan)?;
         crate::startup::step("attach");
@@ -106,16 +105,16 @@ impl Session {
     }
 
     /// Run count and time of every attached eBPF program, and how run-time stats were enabled.
-    pub fn program_stats(&self) -> (Vec<crate::overhead::ProgramStat>, &str) {
+    pub fn program_stats(&self) -> (Vec<crate::bpf::stats::ProgramStat>, &str) {
         (self.bpf.program_stats(), self.bpf.stats_how())
     }
 
     /// What each attach mechanism costs per hit, measured with the object's empty programs.
-    pub fn calibrate(&mut self) -> crate::calibrate::Calibration {
+    pub fn calibrate(&mut self) -> crate::bpf::calibrate::Calibration {
         let fentry = self
             .outcomes
-            .contains(&Outcome::Attached(crate::probes::Method::Fentry));
-        crate::calibrate::run(self.bpf.ebpf_mut(), fentry)
+            .contains(&Outcome::Attached(crate::kernel::probes::Method::Fentry));
+        crate::bpf::calibrate::run(self.bpf.ebpf_mut(), fentry)
     }
 
     /// Detach the programs named, keeping the rest (`--overhead-budget ... --enforce`).

@@ -42,11 +42,7 @@ use rdma_trace_common::{
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::{
-    bpf::{Bpf, chain},
-    plan::Plan,
-    waterfall::model::STAGES,
-};
+use crate::{bpf::loader::Bpf, error::chain, kernel::plan::Plan, waterfall::model::STAGES};
 
 /// Slices kept per sampled completion (deeper activity is cut, and counted).
 const MAX_SLICES_PER_COMPLETION: usize = 128;
@@ -707,7 +703,7 @@ impl Timeline {
                 let comm = u32::try_from(pid)
                     .ok()
                     .and_then(|p| self.names.get(&p).cloned())
-                    .or_else(|| crate::workload::proc_comm(pid as u32))
+                    .or_else(|| crate::load::workload::proc_comm(pid as u32))
                     .unwrap_or_else(|| "?".to_owned());
                 (format!("{comm} {pid}"), format!("{comm} {tid}"), 1)
             };

@@ -11,34 +11,22 @@ use std::{
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use super::{Args, check_privileges};
+use super::config::RunConfig;
+use crate::bpf::loader::check_privileges;
 use crate::{
-    baseline::{Baseline, delta},
-    cmd::write_json,
-    kernel::Kernel,
-    overhead::Overhead,
-    plan::Options,
-    probes::PROBES,
-    report::{ProbeReport, probe_reports, render},
-    session::Session,
-    timeline,
-    tui::{Sample, Source},
-    window::Window,
-    workload::{self, Extra, ProcessCounts, Target},
+    bpf::session::Session,
+    kernel::facts::Kernel,
+    kernel::plan::Options,
+    kernel::probes::PROBES,
+    load::workload::{self, Extra, ProcessCounts, Target},
+    model::baseline::{Baseline, delta},
+    model::overhead::Overhead,
+    model::report::{ProbeReport, probe_reports, render},
+    model::sample::{Sample, Source},
+    model::window::Window,
+    output::write_json,
+    views::timeline,
 };
-
-/// What `args` trace instead of the demo, if anything.
-pub fn target(args: &Args) -> Option<Target> {
-    if !args.command.is_empty() {
-        Some(Target::Command(args.command.clone()))
-    } else if !args.pid.is_empty() {
-        Some(Target::Pids(args.pid.clone()))
-    } else if args.all {
-        Some(Target::All)
-    } else {
-        None
-    }
-}
 
 #[derive(Serialize)]
 struct Report {
@@ -81,7 +69,7 @@ pub struct TimelineRun {
 }
 
 /// Open the `--timeline` file, if any: before anything is attached, so a bad path costs nothing.
-pub fn timeline_file(args: &Args) -> Result<Option<std::fs::File>> {
+pub fn timeline_file(args: &RunConfig) -> Result<Option<std::fs::File>> {
     args.timeline
         .as_deref()
         .map(timeline::create_file)
@@ -105,7 +93,7 @@ pub fn start(
     session: &mut Session,
     extra: &Extra,
     file: Option<std::fs::File>,
-    args: &Args,
+    args: &RunConfig,
 ) -> Result<Option<TimelineRun>> {
     workload::attach(session.bpf_mut(), extra)?;
     let Some(file) = file else {
@@ -127,7 +115,7 @@ pub fn finish_timeline(
     session: &mut Session,
     run: Option<TimelineRun>,
     waterfall: Option<&crate::waterfall::Waterfall>,
-    args: &Args,
+    args: &RunConfig,
 ) -> Result<Option<timeline::Summary>> {
     let (Some(run), Some(path)) = (run, &args.timeline) else {
         return Ok(None);
@@ -161,7 +149,7 @@ fn summary_line(s: &timeline::Summary) -> String {
 }
 
 /// How many completion events the waterfall keeps for the timeline (0 without `--timeline`).
-pub fn timeline_sample(args: &Args) -> usize {
+pub fn timeline_sample(args: &RunConfig) -> usize {
     if args.timeline.is_some() {
         args.timeline_sample as usize
     } else {
@@ -174,7 +162,7 @@ const ALL_LISTED: usize = 20;
 
 /// Check what can be checked before anything is attached: the command, the pids, the
 /// timeline path.
-fn preflight(args: &Args, target: &Target) -> Result<Option<std::fs::File>> {
+fn preflight(args: &RunConfig, target: &Target) -> Result<Option<std::fs::File>> {
     match target {
         Target::Command(cmd) => {
             workload::resolve_command(&cmd[0])?;
@@ -191,10 +179,10 @@ fn preflight(args: &Args, target: &Target) -> Result<Option<std::fs::File>> {
     timeline_file(args)
 }
 
-pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
+pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     let timeline_file = preflight(args, &target)?;
     check_privileges()?;
-    crate::bpf::prepare_loaders(if args.no_waterfall { 1 } else { 2 });
+    crate::bpf::loader::prepare_loaders(if args.no_waterfall { 1 } else { 2 });
     let kernel = Kernel::live();
     let extra = Extra::for_target(&target, timeline_file.is_some())?;
     let mut session = Session::start_with(
@@ -204,7 +192,7 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
             all_drivers: args.all_drivers,
             uprobes: args.uprobes,
         },
-        &extra,
+        &extra.object_config(),
     )?;
     let recorder = start(&mut session, &extra, timeline_file, args)?;
     let mut watched = Vec::new();
@@ -231,17 +219,21 @@ pub async fn run(args: &Args, target: Target) -> Result<Option<i32>> {
     let wf_before = wf.as_ref().map(|w| w.snapshot()).transpose()?;
     // Everything is attached (the waterfall's start can take seconds): only now is the window
     // open, and "tracing" says so.
+    let asked = match &target {
+        Target::Pids(p) => p.len(),
+        _ => 0,
+    };
     eprintln!(
         "rdma-trace: tracing {label}{}; probes:\n{}",
-        if watched.len() > args.pid.len() {
-            format!(" (with {} descendants)", watched.len() - args.pid.len())
+        if watched.len() > asked {
+            format!(" (with {} descendants)", watched.len() - asked)
         } else {
             String::new()
         },
         session.attach_table()
     );
 
-    let mut live = super::live_view(args);
+    let mut live = args.live_view();
     let (mut child, held) = match &target {
         Target::Command(cmd) => {
             let program = workload::resolve_command(&cmd[0])?;

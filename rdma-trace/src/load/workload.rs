@@ -18,9 +18,10 @@ use rdma_trace_common::workload::{PROC_KEY_SLOT, TIMELINE_RING_BYTES, WL_ALL, WL
 use serde::Serialize;
 
 use crate::{
-    bpf::{Bpf, chain},
+    bpf::loader::{Bpf, ObjectConfig},
     error::Unsupported,
-    kernel::{Kernel, format_offset},
+    error::chain,
+    kernel::facts::{Kernel, format_offset},
 };
 
 /// Load-time configuration of the workload and timeline programs (globals of the eBPF object).
@@ -55,6 +56,21 @@ impl Extra {
             TIMELINE_RING_BYTES
         } else {
             4096
+        }
+    }
+
+    /// The object's globals and map sizes for this configuration.
+    pub fn object_config(&self) -> ObjectConfig {
+        ObjectConfig {
+            globals: vec![
+                ("WORKLOAD", self.workload),
+                ("TRACER_TGID", self.tracer_tgid),
+                ("NEWTASK_PID_OFFSET", self.newtask_pid_offset),
+                ("NEWTASK_FLAGS_OFFSET", self.newtask_flags_offset),
+                ("TIMELINE", u32::from(self.timeline)),
+                ("FILTER_TGIDS", u32::from(!self.every_process())),
+            ],
+            map_sizes: vec![("TIMELINE_EVENTS", self.timeline_ring_bytes())],
         }
     }
 

@@ -24,12 +24,11 @@ use rdma_trace_common::{
 };
 
 use crate::{
-    error::Unsupported,
-    hist::Histogram,
-    overhead::{ProgramStat, RunTimeStats},
-    plan::{Decision, Plan, SkipReason},
-    probes::{Method, Shape},
-    workload::Extra,
+    bpf::hist::Histogram,
+    bpf::stats::{ProgramStat, RunTimeStats},
+    error::{Unsupported, chain},
+    kernel::plan::{Decision, Plan, SkipReason},
+    kernel::probes::{Method, Shape},
 };
 
 /// The eBPF object built by `cargo xtask build-ebpf` (see build.rs).
@@ -47,7 +46,7 @@ pub struct Bpf {
     /// add the demo's pid while snapshots borrow the session).
     tgids: RefCell<BpfHashMap<MapData, u32, u8>>,
     /// Reads the programs' rare-event messages (with -v or RUST_LOG).
-    _log: Option<crate::ebpf_log::Reader>,
+    _log: Option<crate::bpf::log::Reader>,
 }
 
 /// How one probe ended up.
@@ -86,40 +85,67 @@ pub struct ProbeData {
     pub hist: Histogram,
 }
 
+/// Root, or the capabilities eBPF tracing needs (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN).
+pub fn check_privileges() -> Result<()> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| eff & (1u64 << cap) != 0;
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        Ok(())
+    } else {
+        Err(anyhow!(Unsupported(
+            "rdma-trace run needs root (or CAP_BPF and CAP_PERFMON): run it with sudo".to_owned()
+        )))
+    }
+}
+
+/// What a feature above the loader sets in the object before it is loaded: globals and map
+/// sizes, by name (the workload filter and the timeline ring, `load::workload`). The loader
+/// knows none of the features; the object's own values stand for whatever is not named.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObjectConfig {
+    pub globals: Vec<(&'static str, u32)>,
+    pub map_sizes: Vec<(&'static str, u32)>,
+}
+
 impl Bpf {
     /// Load the object with the plan's configuration (creates the maps; programs are loaded
     /// when attached).
     pub fn load(plan: &Plan) -> Result<Self> {
-        Self::load_with(plan, &Extra::default())
+        Self::load_with(plan, &ObjectConfig::default())
     }
 
-    /// [`Bpf::load`], with the workload and timeline configuration of `extra`.
-    pub fn load_with(plan: &Plan, extra: &Extra) -> Result<Self> {
+    /// [`Bpf::load`], with the globals and map sizes that the features above set (`config`).
+    pub fn load_with(plan: &Plan, config: &ObjectConfig) -> Result<Self> {
         let stats = RunTimeStats::enable();
         let kslots = plan.kslots();
-        let timeline = u32::from(extra.timeline);
-        let filter_tgids = u32::from(!extra.every_process());
-        let log_level = crate::ebpf_log::level();
+        let log_level = crate::verbosity::level();
         let mut ebpf = load_object("the eBPF object", |l| {
-            l.override_global("WORKLOAD", &extra.workload, true)
-                .override_global("TRACER_TGID", &extra.tracer_tgid, true)
-                .override_global("NEWTASK_PID_OFFSET", &extra.newtask_pid_offset, true)
-                .override_global("NEWTASK_FLAGS_OFFSET", &extra.newtask_flags_offset, true)
-                .override_global("TIMELINE", &timeline, true)
-                .override_global("FILTER_TGIDS", &filter_tgids, true)
-                .map_max_entries("TIMELINE_EVENTS", extra.timeline_ring_bytes())
-                .override_global("KSLOTS", &kslots, true)
+            for (name, value) in &config.globals {
+                l.override_global(name, value, true);
+            }
+            for (name, size) in &config.map_sizes {
+                l.map_max_entries(name, *size);
+            }
+            l.override_global("KSLOTS", &kslots, true)
                 .override_global("SOFTIRQ_PROBE", &plan.softirq_probe, true)
                 .override_global("NAPI_PROBE", &plan.napi_probe, true)
                 .override_global("INTERVAL_PROBE", &plan.interval_probe, true)
-                .override_global(crate::ebpf_log::LEVEL_GLOBAL, &log_level, false)
+                .override_global(crate::bpf::log::LEVEL_GLOBAL, &log_level, false)
         })?;
         let tgids = ebpf
             .take_map("TGIDS")
             .context("map TGIDS is not in the eBPF object")?;
         let tgids =
             RefCell::new(BpfHashMap::try_from(tgids).context("map TGIDS is not a hash map")?);
-        let names = crate::ebpf_log::Names {
+        let names = crate::bpf::log::Names {
             slots: plan
                 .functions
                 .iter()
@@ -136,7 +162,7 @@ impl Bpf {
                 })
                 .collect(),
         };
-        let log = crate::ebpf_log::Reader::start(&mut ebpf, names)?;
+        let log = crate::bpf::log::Reader::start(&mut ebpf, names)?;
         Ok(Self {
             ebpf,
             attached: Vec::new(),
@@ -285,7 +311,7 @@ impl Bpf {
         library: &std::path::Path,
         symbol: &str,
     ) -> Result<()> {
-        let offset = crate::elf::function_offset(library, symbol)?;
+        let offset = crate::kernel::elf::function_offset(library, symbol)?;
         if !self.uprobes_loaded {
             for prog in ["uentry", "ureturn"] {
                 let p: &mut UProbe = self.program(prog)?;
@@ -493,7 +519,7 @@ impl Bpf {
     }
 
     /// Counters and histograms of probes `ids`, summed over CPUs: the whole map in one batched
-    /// lookup (one syscall per refresh, whatever the probe count; `crate::batch`), else one
+    /// lookup (one syscall per refresh, whatever the probe count; `crate::bpf::batch`), else one
     /// lookup per probe on kernels without batched lookups (before 5.6).
     pub fn read(&self, ids: &[u32]) -> Result<HashMap<u32, ProbeData>> {
         if let Some(out) = self.read_batched(ids) {
@@ -516,7 +542,7 @@ impl Bpf {
         let aya::maps::Map::PerCpuArray(data) = self.ebpf.map("ROWS")? else {
             return None;
         };
-        let cpus = crate::batch::possible_cpus()?;
+        let cpus = crate::bpf::batch::possible_cpus()?;
         // The rows up to the highest probe id asked for: the rest of the array is unused.
         let entries = ids
             .iter()
@@ -526,7 +552,7 @@ impl Bpf {
         if entries == 0 {
             return Some(HashMap::new());
         }
-        let rows = crate::batch::lookup_rows(data.fd().as_fd().as_raw_fd(), entries, cpus)?;
+        let rows = crate::bpf::batch::lookup_rows(data.fd().as_fd().as_raw_fd(), entries, cpus)?;
         Some(
             ids.iter()
                 .filter(|&&id| id < MAX_PROBES)
@@ -669,21 +695,6 @@ fn raise_memlock() {
     // SAFETY: setrlimit reads the struct we pass and has no other preconditions; failure
     // (e.g. EPERM without CAP_SYS_RESOURCE) is harmless on memcg-accounted kernels.
     let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) };
-}
-
-/// An error and its sources on one line (aya nests io errors and verifier logs).
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

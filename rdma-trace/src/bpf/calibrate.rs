@@ -21,7 +21,7 @@ use aya::{
 };
 use serde::Serialize;
 
-use crate::bpf::chain;
+use crate::error::chain;
 
 /// umask calls per timed loop.
 pub const CALLS: u32 = 2000;
@@ -208,7 +208,7 @@ fn attach(ebpf: &mut Ebpf, mechanism: &str, prog: &str) -> Result<()> {
                 .map_err(|e| anyhow!("attaching {prog} to sys_enter: {}", chain(&e)))?;
         }
         _ => {
-            let btf = crate::bpf::kernel_btf()?;
+            let btf = crate::bpf::loader::kernel_btf()?;
             let p: &mut FEntry = p.try_into().map_err(|e| anyhow!("{prog}: {}", chain(&e)))?;
             p.load(FUNCTION, btf)
                 .map_err(|e| anyhow!("loading {prog} for {FUNCTION}: {}", chain(&e)))?;

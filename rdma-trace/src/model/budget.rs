@@ -3,13 +3,17 @@
 //!
 //! The cost of one attached program over a window is its BPF run time (the kernel's run-time
 //! statistics) plus, per run, what its attach mechanism costs outside the body (the start-up
-//! calibration, [`crate::calibrate`]). Their sum over the round trips of the window is what
+//! calibration, [`crate::bpf::calibrate`]). Their sum over the round trips of the window is what
 //! tracing adds to one round trip. It is an estimate: the cost of a hit is measured on the
 //! umask path, not on the traced functions, and caches and interrupts differ there.
 
 use serde::Serialize;
 
-use crate::{calibrate::Calibration, overhead::ProgramOverhead, plan::Options, probes::ProbeDef};
+use crate::{
+    bpf::calibrate::Calibration,
+    kernel::{plan::Options, probes::ProbeDef},
+    model::overhead::{Added, ProgramOverhead},
+};
 
 /// `--overhead-budget PCT`: a percentage in (0, 100].
 pub fn parse_percent(s: &str) -> Result<f64, String> {
@@ -112,37 +116,6 @@ pub fn costs(programs: &[ProgramOverhead], cal: Option<&Calibration>) -> Vec<Pro
             }
         })
         .collect()
-}
-
-/// What tracing adds to one round trip.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Added {
-    pub us_per_round_trip: f64,
-    /// In % of the measured (traced) round trip.
-    pub percent: f64,
-    pub round_trip_us: f64,
-    pub round_trips: u64,
-}
-
-impl Added {
-    pub fn render(&self) -> String {
-        format!(
-            "tracing adds ≈ {} per round trip ({:.1} % of {})",
-            human_us(self.us_per_round_trip),
-            self.percent,
-            human_us(self.round_trip_us)
-        )
-    }
-}
-
-fn human_us(us: f64) -> String {
-    if us < 1.0 {
-        format!("{:.0} ns", us * 1e3)
-    } else if us < 10.0 {
-        format!("{us:.2} µs")
-    } else {
-        format!("{us:.1} µs")
-    }
 }
 
 /// `None` without round trips or a round-trip time.
@@ -271,7 +244,7 @@ pub fn render_drops(drops: &[Dropped], budget_percent: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::calibrate::MechanismCost;
+    use crate::bpf::calibrate::MechanismCost;
 
     fn prog(name: &str, target: &str, runs: u64, run_ns: u64) -> ProgramOverhead {
         ProgramOverhead {
@@ -315,7 +288,7 @@ mod tests {
 
     #[test]
     fn presets_pick_rows_of_the_table() {
-        let all = crate::probes::PROBES;
+        let all = crate::kernel::probes::PROBES;
         let min = Preset::Minimal.select(all);
         assert_eq!(
             min.len(),

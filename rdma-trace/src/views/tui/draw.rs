@@ -12,11 +12,12 @@ use ratatui::{
     widgets::{Block, Gauge, Paragraph, Row, Table, TableState},
 };
 
-use super::app::{App, Heat, WaterfallView};
+use super::app::{App, Heat};
+use crate::waterfall::WaterfallView;
 use crate::{
-    hist::{human_ns_f, plain, pow2_label},
-    probes::Unit,
-    report::ProbeReport,
+    bpf::hist::{human_ns_f, plain, pow2_label},
+    kernel::probes::Unit,
+    model::report::ProbeReport,
 };
 
 /// A value in the probe's unit (`-` when absent).
@@ -403,7 +404,7 @@ mod tests {
     use ratatui::{Terminal, backend::TestBackend};
 
     use super::*;
-    use crate::tui::app::{Key, tests::sample};
+    use crate::views::tui::app::{Key, tests::sample};
 
     fn screen(app: &App, w: u16, h: u16) -> String {
         let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();

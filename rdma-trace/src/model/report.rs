@@ -5,10 +5,10 @@ use std::{borrow::Cow, collections::HashMap};
 use serde::Serialize;
 
 use crate::{
-    bpf::{Outcome, ProbeData},
-    hist::{Bucket, Summary, human_ns_f, plain},
-    probes::{Driver, Unit},
-    session::Session,
+    bpf::hist::{Bucket, Summary, human_ns_f, plain},
+    bpf::loader::{Outcome, ProbeData},
+    bpf::session::Session,
+    kernel::probes::{Driver, Unit},
 };
 
 #[derive(Debug, Serialize)]
@@ -112,10 +112,10 @@ pub fn render(reports: &[ProbeReport]) -> String {
     }
     for r in reports.iter().filter(|r| !r.log2.is_empty()) {
         let fmt: fn(u64) -> String = match r.unit {
-            Unit::Nanoseconds => crate::hist::pow2_label,
+            Unit::Nanoseconds => crate::bpf::hist::pow2_label,
             Unit::Packets => plain,
         };
-        let hist = crate::hist::render_rows(&r.log2, 40, fmt);
+        let hist = crate::bpf::hist::render_rows(&r.log2, 40, fmt);
         out.push_str(&format!("\n@{} ({}):\n{hist}", r.name, r.what));
     }
     out

@@ -1,89 +1,11 @@
 //! What tracing costs: per eBPF program its run count and ns per run (the kernel's BPF run-time
 //! statistics, enabled while rdma-trace runs), and the loader's own CPU time and peak RSS.
 
-use std::{
-    fs,
-    os::fd::OwnedFd,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
-
-/// Keeps the kernel's BPF run-time statistics on while it lives.
-#[derive(Debug)]
-pub struct RunTimeStats {
-    /// How the statistics were turned on (`bpf_enable_stats`, `sysctl`, `already on`), or why
-    /// not (`unavailable: ...`).
-    pub how: String,
-    _fd: Option<OwnedFd>,
-    /// The sysctl was 0 and we set it: set it back on drop.
-    restore_sysctl: bool,
-}
-
-impl RunTimeStats {
-    /// BPF_ENABLE_STATS (Linux 5.8; the statistics stop when the fd closes), else the
-    /// `kernel.bpf_stats_enabled` sysctl (restored on drop). Never fails: without statistics
-    /// the report says so and the figures are 0.
-    pub fn enable() -> Self {
-        match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
-            Ok(fd) => Self {
-                how: "bpf_enable_stats".to_owned(),
-                _fd: Some(fd),
-                restore_sysctl: false,
-            },
-            Err(e) => {
-                let syscall_err = crate::bpf::chain(&e);
-                match fs::read_to_string(SYSCTL).map(|s| s.trim().to_owned()) {
-                    Ok(v) if v == "1" => Self {
-                        how: "already on (kernel.bpf_stats_enabled = 1)".to_owned(),
-                        _fd: None,
-                        restore_sysctl: false,
-                    },
-                    Ok(_) => match fs::write(SYSCTL, "1") {
-                        Ok(()) => Self {
-                            how: "sysctl".to_owned(),
-                            _fd: None,
-                            restore_sysctl: true,
-                        },
-                        Err(w) => {
-                            Self::unavailable(format!("{syscall_err}; writing {SYSCTL}: {w}"))
-                        }
-                    },
-                    Err(r) => Self::unavailable(format!("{syscall_err}; reading {SYSCTL}: {r}")),
-                }
-            }
-        }
-    }
-
-    fn unavailable(why: String) -> Self {
-        Self {
-            how: format!("unavailable: {why}"),
-            _fd: None,
-            restore_sysctl: false,
-        }
-    }
-}
-
-impl Drop for RunTimeStats {
-    fn drop(&mut self) {
-        if self.restore_sysctl {
-            let _ = fs::write(SYSCTL, "0");
-        }
-    }
-}
-
-/// Cumulative statistics of one attached program.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProgramStat {
-    /// The program's name in the eBPF object (`kentry_3`).
-    pub name: String,
-    /// What it is attached to (a kernel function or a tracepoint).
-    pub target: String,
-    pub runs: u64,
-    pub run_ns: u64,
-}
+use crate::bpf::stats::ProgramStat;
 
 /// The loader's CPU time at one moment.
 #[derive(Clone, Copy, Debug)]
@@ -140,7 +62,7 @@ pub struct Overhead {
     /// The loader's peak resident set size.
     pub loader_peak_rss_kib: u64,
     /// What tracing adds to one round trip (`rdma-trace run` sets it; null when unknown).
-    pub tracing_adds: Option<crate::budget::Added>,
+    pub tracing_adds: Option<Added>,
 }
 
 impl Overhead {
@@ -209,6 +131,37 @@ impl Overhead {
             ));
         }
         out
+    }
+}
+
+/// What tracing adds to one round trip.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Added {
+    pub us_per_round_trip: f64,
+    /// In % of the measured (traced) round trip.
+    pub percent: f64,
+    pub round_trip_us: f64,
+    pub round_trips: u64,
+}
+
+impl Added {
+    pub fn render(&self) -> String {
+        format!(
+            "tracing adds ≈ {} per round trip ({:.1} % of {})",
+            human_us(self.us_per_round_trip),
+            self.percent,
+            human_us(self.round_trip_us)
+        )
+    }
+}
+
+fn human_us(us: f64) -> String {
+    if us < 1.0 {
+        format!("{:.0} ns", us * 1e3)
+    } else if us < 10.0 {
+        format!("{us:.2} µs")
+    } else {
+        format!("{us:.1} µs")
     }
 }
 

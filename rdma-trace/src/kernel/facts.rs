@@ -10,7 +10,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::probes::Driver;
+use crate::kernel::probes::Driver;
 
 /// A kernel to inspect, rooted at `/` or at a fixture directory.
 #[derive(Clone, Debug)]

@@ -10,7 +10,7 @@ use std::{
     os::fd::AsRawFd as _,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, AtomicU8, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -23,54 +23,6 @@ use aya::Ebpf;
 pub const LEVEL_GLOBAL: &str = "AYA_LOG_LEVEL";
 /// Messages printed per second at most.
 pub const BURST: u32 = 5;
-
-/// 0: off; else the most verbose level shown (1 error … 5 trace, as aya-log and `log` number
-/// them).
-static LEVEL: AtomicU8 = AtomicU8::new(0);
-
-/// Sets the level from `-v` (count) and `RUST_LOG`; call once at start-up.
-pub fn init(verbose: u8, rust_log: Option<&str>) {
-    LEVEL.store(level_from(verbose, rust_log), Ordering::Relaxed);
-}
-
-/// The level for the object's `AYA_LOG_LEVEL` global.
-pub fn level() -> u8 {
-    LEVEL.load(Ordering::Relaxed)
-}
-
-/// `-v` shows warnings (the rare events), `-vv` info, `-vvv` debug. `RUST_LOG` names a level
-/// (`warn`, `rdma_trace=debug`, `off`); the more verbose of the two wins, `off` only when
-/// there is no `-v`.
-fn level_from(verbose: u8, rust_log: Option<&str>) -> u8 {
-    let from_v = match verbose {
-        0 => 0,
-        v => (v + 1).min(5),
-    };
-    let from_env = rust_log.map_or(0, |text| {
-        text.split(',')
-            .map(|d| {
-                d.rsplit('=')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .to_ascii_lowercase()
-            })
-            .filter_map(|l| match l.as_str() {
-                "off" => Some(0),
-                "error" => Some(1),
-                "warn" => Some(2),
-                "info" => Some(3),
-                "debug" => Some(4),
-                "trace" => Some(5),
-                _ => None,
-            })
-            .max()
-            // A RUST_LOG without a level (a bare target) means "error" in env_logger; show
-            // the rare events anyway, which are warnings.
-            .unwrap_or(2)
-    });
-    from_v.max(from_env)
-}
 
 /// The sample rings of the object, by the number the programs report (`rare::ring_full`).
 const RINGS: &[&str] = &["CQ_EVENTS (rdma-trace cq)"];
@@ -174,7 +126,7 @@ impl RateLimited {
 
 impl log::Log for RateLimited {
     fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        metadata.level() as u8 <= level()
+        metadata.level() as u8 <= crate::verbosity::level()
     }
 
     fn log(&self, record: &log::Record<'_>) {
@@ -200,12 +152,12 @@ pub struct Reader {
 impl Reader {
     /// Starts reading the object's log ring, when logging is on.
     pub fn start(ebpf: &mut Ebpf, names: Names) -> Result<Option<Reader>> {
-        if level() == 0 {
+        if crate::verbosity::level() == 0 {
             return Ok(None);
         }
         let logger = Arc::new(RateLimited::new(names));
         let mut ring = aya_log::EbpfLogger::init_with_logger(ebpf, Shared(logger.clone()))
-            .map_err(|e| anyhow!("reading the eBPF log ring: {}", crate::bpf::chain(&e)))?;
+            .map_err(|e| anyhow!("reading the eBPF log ring: {}", crate::error::chain(&e)))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::Builder::new()
@@ -263,23 +215,6 @@ impl log::Log for Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn levels_from_v_and_rust_log() {
-        assert_eq!(level_from(0, None), 0);
-        assert_eq!(
-            level_from(1, None),
-            2,
-            "-v shows the rare events (warnings)"
-        );
-        assert_eq!(level_from(3, None), 4);
-        assert_eq!(level_from(9, None), 5);
-        assert_eq!(level_from(0, Some("debug")), 4);
-        assert_eq!(level_from(0, Some("tokio=info,rdma_trace=warn")), 3);
-        assert_eq!(level_from(0, Some("off")), 0);
-        assert_eq!(level_from(1, Some("off")), 2);
-        assert_eq!(level_from(0, Some("rdma_trace")), 2);
-    }
 
     #[test]
     fn rate_limit_prints_a_burst_then_sums_up_the_rest() {

@@ -1,0 +1,57 @@
+//! The bundled rdma-demo as a command rdma-trace knows how to find and read: where its binary
+//! is, and what its exit status means.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, bail};
+
+/// The rdma-demo binary: `given`, else next to rdma-trace, else on PATH.
+pub fn binary(given: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        if p.is_file() {
+            return Ok(p.to_path_buf());
+        }
+        bail!("--demo {}: no such file", p.display());
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("rdma-demo")));
+    if let Some(p) = beside.filter(|p| p.is_file()) {
+        return Ok(p);
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("rdma-demo"))
+        .find(|p| p.is_file())
+        .context("rdma-demo not found next to rdma-trace nor on PATH: build it (cargo build) or pass --demo PATH")
+}
+
+/// What an rdma-demo exit status means (rdma-demo's `--help` lists them).
+pub fn status_meaning(status: Option<i32>) -> &'static str {
+    use rdma_demo::error::exit as e;
+    let Some(s) = status else {
+        return "it did not exit";
+    };
+    [
+        (e::FAILURE, "failure"),
+        (e::USAGE, "bad usage"),
+        (e::NO_DEVICE, "no or unknown RDMA device"),
+        (e::PORT, "port or GID"),
+        (e::CONNECT, "no TCP connection"),
+        (e::EXCHANGE, "bad exchange"),
+        (e::TIMEOUT, "completion timeout"),
+        (e::WC_STATUS, "completion error"),
+        (e::VERIFY, "verification failed"),
+    ]
+    .iter()
+    .find(|(code, _)| i32::from(*code) == s)
+    .map_or(
+        if s > crate::signals::SIGNAL_STATUS_BASE {
+            "killed by a signal"
+        } else {
+            "unknown"
+        },
+        |(_, m)| m,
+    )
+}

@@ -1,0 +1,80 @@
+//! What `run` was asked, typed and without clap: `cmd/run.rs` reads the command line into a
+//! [`RunConfig`] once, and every stage of the pipeline reads this.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::Serialize;
+
+use crate::{load::workload::Target, model::budget::Preset, views::tui::Live};
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Busy polling of the CQ.
+    Poll,
+    /// Completion channel: sleep until the kernel delivers a completion event.
+    Event,
+    /// Poll, then event, side by side.
+    Both,
+}
+
+/// What generates the completions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Load {
+    /// The bundled rdma-demo ping-pong, in [`RunConfig::mode`].
+    Demo,
+    /// A command, running processes, or the whole system.
+    Workload(Target),
+}
+
+/// Everything `run` was asked, typed, without clap.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub load: Load,
+    /// Stop the window (each phase's demo) after this long (a success).
+    pub duration: Option<Duration>,
+    /// The JSON report's path (`-`: stdout).
+    pub json: Option<PathBuf>,
+    /// No screen: text each interval.
+    pub no_tui: bool,
+    pub interval: Option<Duration>,
+    // The probes.
+    pub probes: Preset,
+    pub all_drivers: bool,
+    pub uprobes: bool,
+    // The overhead budget.
+    pub overhead_budget: f64,
+    pub enforce: bool,
+    // The completion waterfall.
+    pub no_waterfall: bool,
+    /// Per-event records kept.
+    pub sample: u32,
+    // The timeline file.
+    pub timeline: Option<PathBuf>,
+    pub timeline_sample: u32,
+    pub timeline_max_events: u32,
+    // The demo (with [`Load::Demo`]).
+    pub mode: Mode,
+    pub iterations: u32,
+    pub size: u32,
+    pub device: Option<String>,
+    pub server_device: Option<String>,
+    /// The rdma-demo binary.
+    pub demo: Option<PathBuf>,
+}
+
+impl RunConfig {
+    /// The live view (or, without a terminal or with `--no-tui`, the text view) of a run.
+    pub fn live_view(&self) -> Live {
+        let json_on_stdout = self.json.as_deref() == Some(Path::new("-"));
+        Live::new(
+            "rdma-trace run",
+            !self.no_tui,
+            self.interval,
+            json_on_stdout,
+        )
+    }
+}

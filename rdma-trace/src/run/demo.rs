@@ -1,0 +1,758 @@
+//! The bundled demo as the load of `run`: spawn the `rdma-demo` ping-pong, attach the probe
+//! table, and report per probe, for polling mode, event mode, or both side by side.
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, anyhow};
+use serde::Serialize;
+use tokio::io::AsyncReadExt as _;
+
+use super::config::{Mode, RunConfig};
+use crate::bpf::loader::check_privileges;
+use crate::{
+    bpf::calibrate::Calibration,
+    bpf::loader::ProbeData,
+    bpf::session::Session,
+    bpf::stats::ProgramStat,
+    error::{DemoFailed, Unsupported},
+    kernel::facts::{Kernel, RdmaDevice},
+    kernel::plan::Options,
+    kernel::probes::PROBES,
+    load::softroce,
+    model::baseline::{Baseline, delta},
+    model::budget::{self, Dropped},
+    model::overhead::Added,
+    model::overhead::{LoaderUsage, Overhead},
+    model::report::{ProbeReport, probe_reports, render},
+    model::sample::{Progress, Sample, Source},
+    model::window::Window,
+    output::write_json,
+    signals::{self, Stop, Stopped},
+    views::tui::Live,
+    waterfall::{self, Waterfall, WaterfallReport},
+};
+
+/// `$TMPDIR/rdma-trace-XXXXXX`: where the demo writes its JSON.
+const DEMO_DIR_PREFIX: &str = "rdma-trace-";
+
+#[derive(Serialize)]
+struct Report {
+    kernel: Option<String>,
+    server_device: String,
+    client_device: String,
+    iterations: u32,
+    size: u32,
+    /// Per-hit cost of each attach mechanism, measured at start.
+    calibration: Option<Calibration>,
+    overhead_budget_percent: f64,
+    phases: Vec<Phase>,
+    /// Per-event waterfall records (`--sample N`), every phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waterfall_samples: Option<Vec<waterfall::SampleRecord>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeline: Option<crate::views::timeline::Summary>,
+}
+
+#[derive(Serialize)]
+struct Phase {
+    mode: Mode,
+    window: Window,
+    /// The demo's own `--json` results.
+    demo: serde_json::Value,
+    probes: Vec<ProbeReport>,
+    /// What tracing cost during this phase.
+    overhead: Overhead,
+    /// Programs `--enforce` detached (during this phase).
+    dropped: Vec<Dropped>,
+    /// Per process and thread: stages of the completion events read in this phase.
+    waterfall: Option<WaterfallReport>,
+}
+
+/// A failing demo is an error (`DemoFailed`, exit 5), a stop signal too (`Stopped`).
+pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
+    let timeline_file = super::workload::timeline_file(args)?;
+    check_privileges()?;
+    // The object loaders (the probes', and the waterfall's) parse the kernel's BTF while the
+    // kernel's facts are gathered.
+    crate::bpf::loader::prepare_loaders(if args.no_waterfall { 1 } else { 2 });
+    // A bad path costs nothing: checked before anything is created or attached.
+    if let Some(path) = &args.json {
+        crate::output::check_writable(path)?;
+    }
+    // The private directories of runs that were SIGKILLed.
+    for dir in crate::output::PrivateDir::reclaim(DEMO_DIR_PREFIX) {
+        eprintln!(
+            "rdma-trace: removed {}, left by a run that is gone",
+            dir.display()
+        );
+    }
+    let kernel = Kernel::live();
+    // A leftover temporary device of a run that is gone is removed. With no RDMA device, but
+    // Soft-RoCE available: a temporary rxe device, removed on the way out.
+    let temp_rxe = softroce::prepare(&kernel.rdma_devices())?;
+    let devices = softroce::usable(kernel.rdma_devices(), temp_rxe.as_ref());
+    let (server, client) = pick_devices(&devices, args)?;
+    let demo = crate::load::demo::binary(args.demo.as_deref())?;
+    crate::startup::step("checks and devices");
+    let defs = args.probes.select(PROBES);
+    let extra = super::workload::demo_extra(timeline_file.is_some());
+    let mut session = Session::start_with(
+        &kernel,
+        &defs,
+        args.probes.options(Options {
+            all_drivers: args.all_drivers,
+            uprobes: args.uprobes,
+        }),
+        &extra.object_config(),
+    )?;
+    // The session's probes are on the RDMA path, softirqs and IRQs: the umask calls of the
+    // calibration hit none of them.
+    let calibration = Some(session.calibrate());
+    crate::startup::step("calibration");
+    if let Some(c) = &calibration {
+        eprintln!("rdma-trace: {}", c.render());
+    }
+    let timeline = super::workload::start(&mut session, &extra, timeline_file, args)?;
+    // The completion waterfall attaches before the probe table is printed: that line means
+    // everything is attached (the bench times start-up and the loader's CPU from it).
+    let wf = waterfall::start_or_explain(
+        args.no_waterfall,
+        args.sample as usize,
+        super::workload::timeline_sample(args),
+    );
+    crate::startup::step("waterfall");
+    crate::startup::print_if_verbose();
+    eprintln!(
+        "rdma-trace: server {server}, client {client}; probes:\n{}",
+        session.attach_table()
+    );
+    let budget = Budget {
+        percent: args.overhead_budget,
+        enforce: args.enforce,
+        calibration: calibration.as_ref(),
+    };
+
+    let modes: &[Mode] = match args.mode {
+        Mode::Both => &[Mode::Poll, Mode::Event],
+        Mode::Poll => &[Mode::Poll],
+        Mode::Event => &[Mode::Event],
+    };
+    let mut phases = Vec::new();
+    let mut failure: Option<anyhow::Error> = None;
+    let mut stopped = None;
+    let mut live = args.live_view();
+    // On the screen the reports wait until it is closed.
+    let mut deferred = String::new();
+    let mut quit = false;
+    for &mode in modes {
+        let wf_before = wf.as_ref().map(Waterfall::snapshot).transpose()?;
+        let mut src = RunSource::new(
+            &mut session,
+            format!("{mode:?} mode, {server} ↔ {client}"),
+            args.iterations,
+            budget,
+            wf.as_ref().zip(wf_before.clone()),
+        )?;
+        let (window, demo_json, demo_out) =
+            run_demo(&demo, mode, &server, &client, args, &mut live, &mut src).await?;
+        let after = src.session.snapshot()?;
+        let data = delta(&after, src.base.phase_data());
+        let probes = probe_reports(src.session, &data, window.seconds);
+        let mut overhead = src.base.overhead(src.session);
+        // A demo that ran to its end did all its iterations; a stopped one as many as rxe
+        // completed.
+        let round_trips = if window.command_status == Some(0) {
+            u64::from(args.iterations)
+        } else {
+            src.round_trips(&data).unwrap_or(u64::from(args.iterations))
+        };
+        let rtt_us = demo_round_trip_us(&demo_json)
+            .unwrap_or(window.seconds * 1e6 / round_trips.max(1) as f64);
+        overhead.tracing_adds = budget.added(&overhead, round_trips, rtt_us);
+        let dropped = std::mem::take(&mut src.dropped);
+        drop(src);
+        let wf_report = match (&wf, &wf_before) {
+            (Some(w), Some(b)) => Some(WaterfallReport::from_snapshot(&w.snapshot()?.since(b))),
+            _ => None,
+        };
+        let text = format!(
+            "===== mode {mode:?}: {} iterations of {} B, {server} ↔ {client} =====\n{}\n{}{}{}\n--- rdma-demo ---\n{}\n",
+            args.iterations,
+            args.size,
+            render(&probes),
+            wf_report
+                .as_ref()
+                .map(|r| format!("{}\n", waterfall::model::render_report(r)))
+                .unwrap_or_default(),
+            overhead.render(),
+            budget.verdict(overhead.tracing_adds.as_ref(), &dropped),
+            if window.ended_by == "duration" {
+                format!(
+                    "stopped after --duration ({:.1} s), before its {} iterations were done",
+                    window.seconds, args.iterations
+                )
+            } else {
+                demo_out.stdout.trim_end().to_owned()
+            }
+        );
+        if live.is_screen() {
+            deferred.push_str(&text);
+        } else {
+            print!("{text}");
+        }
+        let status = window.command_status;
+        phases.push(Phase {
+            mode,
+            window: window.clone(),
+            demo: demo_json,
+            probes,
+            overhead,
+            dropped,
+            waterfall: wf_report,
+        });
+        if window.ended_by == "quit" {
+            quit = true;
+            break;
+        }
+        if window.interrupted() {
+            eprintln!(
+                "rdma-trace: {} before the demo finished; probes detached",
+                window.ended_by
+            );
+            // Ctrl-C as a key of the live view counts as SIGINT.
+            stopped = Some(crate::signals::received().unwrap_or(Stop(libc::SIGINT)));
+            break;
+        }
+        // The window's end was asked for: the demo was stopped, the mode is reported.
+        if window.ended_by == "duration" {
+            continue;
+        }
+        if status != Some(0) {
+            failure = Some(anyhow!(DemoFailed(format!(
+                "rdma-demo ({mode:?}) failed with status {} ({}): {}",
+                status.map_or("none".into(), |s| s.to_string()),
+                crate::load::demo::status_meaning(status),
+                demo_out.stderr.trim()
+            ))));
+            break;
+        }
+    }
+    let interrupted = if failure.is_none() && stopped.is_none() && !quit {
+        live.linger("run finished").await?
+    } else {
+        false
+    };
+    live.close();
+    print!("{deferred}");
+    if interrupted {
+        stopped = Some(crate::signals::received().unwrap_or(Stop(libc::SIGINT)));
+    }
+    let timeline = super::workload::finish_timeline(&mut session, timeline, wf.as_ref(), args)?;
+    drop(session); // detach every probe before the summary
+    let waterfall_samples = wf.as_ref().map(|w| waterfall::records(&w.samples()));
+    drop(wf);
+    if phases.len() == 2 {
+        println!("\n{}", compare(&phases[0], &phases[1]));
+    }
+    if let Some(path) = &args.json {
+        let report = Report {
+            kernel: kernel.release(),
+            server_device: server,
+            client_device: client,
+            iterations: args.iterations,
+            size: args.size,
+            calibration,
+            overhead_budget_percent: args.overhead_budget,
+            phases,
+            waterfall_samples: (args.sample > 0).then_some(waterfall_samples).flatten(),
+            timeline,
+        };
+        write_json(path, &report)?;
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if let Some(s) = stopped {
+        return Err(Stopped(s).into());
+    }
+    Ok(None)
+}
+
+/// (server, client) devices.
+fn pick_devices(devices: &[RdmaDevice], args: &RunConfig) -> Result<(String, String)> {
+    if devices.is_empty() {
+        let rxe = Path::new("/sys/module/rdma_rxe").exists();
+        return Err(anyhow!(Unsupported(format!(
+            "no RDMA device on this machine (/sys/class/infiniband is empty{}); create a Soft-RoCE \
+             device (rdma link add rxe0 type rxe netdev <ifname>), or run everything in the guest: cargo xtask run",
+            if rxe { "" } else { ", rdma_rxe is not loaded" }
+        ))));
+    }
+    let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+    let check = |d: &str| -> Result<String> {
+        if names.contains(&d) {
+            Ok(d.to_owned())
+        } else {
+            Err(anyhow!(Unsupported(format!(
+                "unknown RDMA device {d:?} (available: {})",
+                names.join(", ")
+            ))))
+        }
+    };
+    let pair = names.contains(&"rxe0") && names.contains(&"rxe1");
+    let client = match &args.device {
+        Some(d) => check(d)?,
+        None if pair => "rxe1".to_owned(),
+        None => names[0].to_owned(),
+    };
+    let server = match &args.server_device {
+        Some(d) => check(d)?,
+        None if pair && args.device.is_none() => "rxe0".to_owned(),
+        None => client.clone(),
+    };
+    Ok((server, client))
+}
+
+struct DemoOutput {
+    stdout: String,
+    stderr: String,
+}
+
+async fn run_demo(
+    demo: &Path,
+    mode: Mode,
+    server: &str,
+    client: &str,
+    args: &RunConfig,
+    live: &mut Live,
+    src: &mut RunSource<'_>,
+) -> Result<(Window, serde_json::Value, DemoOutput)> {
+    // Not a predictable name in the shared temp directory: a private one (0700, random name).
+    let dir = crate::output::PrivateDir::new(DEMO_DIR_PREFIX)?;
+    let json = dir.path().join("demo.json");
+    let mode_arg = if mode == Mode::Event { "event" } else { "poll" };
+    let mut cmd = tokio::process::Command::new(demo);
+    // A SIGKILL of rdma-trace ends the demo too.
+    signals::die_with_parent(&mut cmd, libc::SIGKILL);
+    let mut child = cmd
+        .args([
+            "pingpong",
+            "--loopback",
+            "--port",
+            "0",
+            "-d",
+            client,
+            "--server-device",
+            server,
+        ])
+        .args([
+            "--mode",
+            mode_arg,
+            "-i",
+            &args.iterations.to_string(),
+            "-S",
+            &args.size.to_string(),
+        ])
+        .arg("--json")
+        .arg(&json)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("could not start {}", demo.display()))?;
+    if let Some(pid) = child.id() {
+        // The uprobes count the demo only.
+        src.session.watch_pid(pid)?;
+    }
+    let mut stdout_pipe = child.stdout.take().context("demo stdout")?;
+    let mut stderr_pipe = child.stderr.take().context("demo stderr")?;
+    let read_out = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = stdout_pipe.read_to_string(&mut s).await;
+        s
+    });
+    let read_err = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = stderr_pipe.read_to_string(&mut s).await;
+        s
+    });
+    let window = live.watch(src, args.duration, Some(&mut child)).await?;
+    let out = DemoOutput {
+        stdout: read_out.await.unwrap_or_default(),
+        stderr: read_err.await.unwrap_or_default(),
+    };
+    let value = std::fs::read(&json)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(serde_json::Value::Null);
+    drop(dir);
+    Ok((window, value, out))
+}
+
+/// The overhead budget of a run.
+#[derive(Clone, Copy)]
+struct Budget<'a> {
+    percent: f64,
+    enforce: bool,
+    calibration: Option<&'a Calibration>,
+}
+
+impl Budget<'_> {
+    fn added(&self, o: &Overhead, round_trips: u64, rtt_us: f64) -> Option<Added> {
+        budget::added(
+            &budget::costs(&o.programs, self.calibration),
+            round_trips,
+            rtt_us,
+        )
+    }
+
+    /// The report's lines about the budget.
+    fn verdict(&self, added: Option<&Added>, dropped: &[Dropped]) -> String {
+        let mut out = String::new();
+        if !dropped.is_empty() {
+            out.push_str(&budget::render_drops(dropped, self.percent));
+            out.push_str("  (the estimate above counts what is left after the drop)\n");
+        }
+        match added {
+            Some(a) if a.percent > self.percent && !self.enforce => out.push_str(&format!(
+                "  over the {} % overhead budget: --enforce would drop the most expensive programs\n",
+                self.percent
+            )),
+            Some(a) if a.percent > self.percent => out.push_str(&format!(
+                "  still over the {} % overhead budget\n",
+                self.percent
+            )),
+            Some(_) => out.push_str(&format!(
+                "  within the {} % overhead budget\n",
+                self.percent
+            )),
+            None => {}
+        }
+        out
+    }
+}
+
+/// The demo's mean round trip (µs), from its `--json` results.
+fn demo_round_trip_us(demo: &serde_json::Value) -> Option<f64> {
+    let client = demo
+        .get("reports")?
+        .as_array()?
+        .iter()
+        .find(|r| r.get("role").and_then(|v| v.as_str()) == Some("client"))?;
+    client
+        .get("totals")
+        .and_then(|t| t.get("avg_latency_us"))
+        .and_then(serde_json::Value::as_f64)
+        .filter(|v| *v > 0.0)
+}
+
+/// Round trips needed before `--enforce` judges the estimate.
+const ENFORCE_AFTER_ROUND_TRIPS: u64 = 20;
+
+/// Feeds the live view during one mode's run.
+struct RunSource<'a> {
+    session: &'a mut Session,
+    budget: Budget<'a>,
+    /// Programs dropped by --enforce in this phase.
+    dropped: Vec<Dropped>,
+    /// The previous estimate's moment, round trips and program statistics.
+    last: Option<(Instant, u64, Vec<ProgramStat>)>,
+    /// The programs' statistics as last read, and when: read at most every [`STATS_EVERY`].
+    stats: Option<(Instant, Vec<ProgramStat>, String)>,
+    /// The last estimate, made when the statistics were read.
+    added: Option<Added>,
+    label: String,
+    iterations: u32,
+    /// Where the report (the phase) and the live view count from; the waterfall.
+    base: Baseline<'a>,
+}
+
+impl<'a> RunSource<'a> {
+    fn new(
+        session: &'a mut Session,
+        label: String,
+        iterations: u32,
+        budget: Budget<'a>,
+        wf: Option<(&'a Waterfall, waterfall::Snapshot)>,
+    ) -> Result<Self> {
+        let base = Baseline::new(session, wf)?;
+        Ok(Self {
+            session,
+            budget,
+            dropped: Vec::new(),
+            last: None,
+            stats: None,
+            added: None,
+            label,
+            iterations,
+            base,
+        })
+    }
+
+    /// Round trips of the phase (rxe posts 4 completions per round trip), when rxe_cq_post
+    /// is attached.
+    fn round_trips(&self, phase: &HashMap<u32, ProbeData>) -> Option<u64> {
+        let id = self.session.plan.progress()?.id;
+        self.session.attached_ids().contains(&id).then_some(())?;
+        let posts = phase.get(&id)?.counters[rdma_trace_common::C_EVENTS as usize];
+        Some(posts / CQES_PER_ITERATION)
+    }
+
+    /// What tracing adds per round trip, over the time since the previous refresh when it
+    /// holds enough round trips (the phase's start, with the demo's set-up, would skew the
+    /// round-trip time), else over the phase so far. With --enforce, while that is over the
+    /// budget, the most expensive programs are dropped.
+    fn estimate(
+        &mut self,
+        phase: &HashMap<u32, ProbeData>,
+        stats: &[ProgramStat],
+        how: &str,
+    ) -> Option<Added> {
+        let round_trips = self.round_trips(phase)?;
+        let now = Instant::now();
+        let (since, rt0, before) = match self.last.take() {
+            Some((t, rt, st)) if round_trips.saturating_sub(rt) >= ENFORCE_AFTER_ROUND_TRIPS => {
+                (t, rt, st)
+            }
+            last => {
+                let phase_start = (self.base.phase_at(), 0, self.base.phase_stats().to_vec());
+                // Keep the older mark: the next window grows until it is long enough.
+                self.last = last;
+                phase_start
+            }
+        };
+        if self.last.is_none() {
+            self.last = Some((now, round_trips, stats.to_vec()));
+        }
+        let n = round_trips.saturating_sub(rt0);
+        if n == 0 {
+            return None;
+        }
+        let u = LoaderUsage::now();
+        let o = Overhead::between(how, &before, stats, u, u);
+        let rtt_us = now.saturating_duration_since(since).as_secs_f64() * 1e6 / n as f64;
+        let costs = budget::costs(&o.programs, self.budget.calibration);
+        let added = budget::added(&costs, n, rtt_us)?;
+        if self.budget.enforce && n >= ENFORCE_AFTER_ROUND_TRIPS {
+            // Only the probe table's programs are dropped; the waterfall's stay (it has its
+            // own switch, --no-waterfall).
+            let theirs: Vec<String> = self
+                .base
+                .waterfall()
+                .iter()
+                .flat_map(|w| w.program_stats())
+                .map(|p| p.name)
+                .collect();
+            let droppable: Vec<_> = costs
+                .iter()
+                .filter(|c| !theirs.contains(&c.name))
+                .cloned()
+                .collect();
+            let drops = budget::plan_drops(&droppable, &added, self.budget.percent);
+            if !drops.is_empty() {
+                let names: Vec<String> = drops
+                    .iter()
+                    .flat_map(|d| d.programs.iter().cloned())
+                    .collect();
+                self.session.drop_programs(&names);
+                self.dropped.extend(drops);
+                self.stats = None;
+                // The next window starts after the drop.
+                self.last = Some((Instant::now(), round_trips, self.base.stats(self.session).0));
+            }
+        }
+        Some(added)
+    }
+}
+
+/// How often the live view reads the programs' run-time statistics: one syscall per program,
+/// so at every 4 Hz refresh they would be most of the loader's syscalls; the overhead they
+/// feed is a rate over seconds.
+const STATS_EVERY: Duration = Duration::from_secs(1);
+
+impl RunSource<'_> {
+    /// The programs' statistics, read again when the last read is [`STATS_EVERY`] old, and
+    /// whether they were read now.
+    fn program_stats(&mut self) -> (Vec<ProgramStat>, String, bool) {
+        match &self.stats {
+            Some((at, stats, how)) if at.elapsed() < STATS_EVERY => {
+                (stats.clone(), how.clone(), false)
+            }
+            _ => {
+                let (stats, how) = self.base.stats(self.session);
+                let how = how.to_owned();
+                self.stats = Some((Instant::now(), stats.clone(), how.clone()));
+                (stats, how, true)
+            }
+        }
+    }
+}
+
+/// rxe posts 4 completions per ping-pong iteration (send and receive, on both sides).
+const CQES_PER_ITERATION: u64 = 4;
+
+impl Source for RunSource<'_> {
+    fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
+        let now = self.session.snapshot()?;
+        let phase = delta(&now, self.base.phase_data());
+        // One read of the program statistics a second at most, for the estimate and the footer.
+        let (stats, how, fresh) = self.program_stats();
+        let progress = Progress {
+            label: self.label.clone(),
+            elapsed,
+            total: Some(u64::from(self.iterations)),
+            ..Progress::default()
+        };
+        let mut sample = self
+            .base
+            .sample(self.session, &now, (&stats, &how), progress)?;
+        // The estimate pairs the statistics with the round trips counted when they were read.
+        if fresh {
+            self.added = self.estimate(&phase, &stats, &how);
+        }
+        if let Some(o) = sample.overhead.as_mut() {
+            o.tracing_adds = self.added;
+        }
+        let cq_posts = self
+            .session
+            .plan
+            .progress()
+            .filter(|p| self.session.attached_ids().contains(&p.id))
+            .and_then(|p| phase.get(&p.id))
+            .map(|d| d.counters[rdma_trace_common::C_EVENTS as usize]);
+        sample.progress.done =
+            cq_posts.map(|c| (c / CQES_PER_ITERATION).min(u64::from(self.iterations)));
+        sample.progress.done_from = cq_posts.map(|_| "rxe_cq_post / 4");
+        Ok(sample)
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        self.stats = None;
+        self.added = None;
+        self.base.reset(self.session)
+    }
+}
+
+/// Poll and event side by side, with what the difference means.
+fn compare(poll: &Phase, event: &Phase) -> String {
+    let mut out = format!(
+        "{:<24} {:>10} {:>10} {:>10} {:>10}\n",
+        "probe", "poll n", "event n", "poll p50", "event p50"
+    );
+    for (p, e) in poll.probes.iter().zip(&event.probes) {
+        if p.skipped.is_some() {
+            continue;
+        }
+        let f = |r: &ProbeReport| match r.unit {
+            crate::kernel::probes::Unit::Nanoseconds => r
+                .summary
+                .p50
+                .map(crate::bpf::hist::human_ns_f)
+                .unwrap_or_else(|| "-".into()),
+            crate::kernel::probes::Unit::Packets => r
+                .summary
+                .p50
+                .map(|v| format!("{v:.0}"))
+                .unwrap_or_else(|| "-".into()),
+        };
+        out.push_str(&format!(
+            "{:<24} {:>10} {:>10} {:>10} {:>10}\n",
+            p.name,
+            p.count,
+            e.count,
+            f(p),
+            f(e)
+        ));
+    }
+    out.push_str(
+        "\nIn polling mode the demo spins on its CQ in user space: the provider reads completions \
+         from memory shared with the device (or rxe), so no kernel function runs per completion and \
+         ib_uverbs_comp_handler stays at 0. In event mode the CQ is armed: each completion makes the \
+         driver call ib_uverbs_comp_handler, which queues an event and wakes the thread sleeping in \
+         ibv_get_cq_event; the wake-up (scheduler latency, softirq/tasklet delivery) is added to every \
+         round trip, in exchange for an idle CPU while waiting.\n",
+    );
+    out.push_str(&waterfall::explain_phases(
+        &poll.demo,
+        &event.demo,
+        event.waterfall.as_ref(),
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{model::budget::Preset, run::config::Load};
+
+    fn args(device: Option<&str>, server: Option<&str>) -> RunConfig {
+        RunConfig {
+            mode: Mode::Event,
+            iterations: 10,
+            size: 64,
+            device: device.map(str::to_owned),
+            server_device: server.map(str::to_owned),
+            duration: None,
+            json: None,
+            no_tui: true,
+            interval: None,
+            all_drivers: false,
+            uprobes: false,
+            demo: None,
+            overhead_budget: 5.0,
+            enforce: false,
+            probes: Preset::Default,
+            sample: 0,
+            no_waterfall: true,
+            load: Load::Demo,
+            timeline: None,
+            timeline_sample: 20,
+            timeline_max_events: 100_000,
+        }
+    }
+
+    fn dev(name: &str) -> RdmaDevice {
+        RdmaDevice {
+            name: name.to_owned(),
+            driver: None,
+            parent_netdev: Some("eth0".to_owned()),
+        }
+    }
+
+    #[test]
+    fn rxe_pair_defaults_to_rxe0_server_rxe1_client() {
+        let devs = [dev("rxe0"), dev("rxe1")];
+        assert_eq!(
+            pick_devices(&devs, &args(None, None)).unwrap(),
+            ("rxe0".into(), "rxe1".into())
+        );
+        assert_eq!(
+            pick_devices(&devs, &args(Some("rxe0"), None)).unwrap(),
+            ("rxe0".into(), "rxe0".into())
+        );
+        assert_eq!(
+            pick_devices(&devs, &args(Some("rxe0"), Some("rxe1"))).unwrap(),
+            ("rxe1".into(), "rxe0".into())
+        );
+    }
+
+    #[test]
+    fn unknown_and_missing_devices_are_unsupported_with_the_list() {
+        let devs = [dev("mlx5_0")];
+        let e = pick_devices(&devs, &args(Some("rxe9"), None)).unwrap_err();
+        assert!(e.downcast_ref::<Unsupported>().is_some());
+        assert!(e.to_string().contains("available: mlx5_0"), "{e}");
+        let e = pick_devices(&[], &args(None, None)).unwrap_err();
+        assert!(e.to_string().contains("cargo xtask run"), "{e}");
+        assert_eq!(
+            pick_devices(&devs, &args(None, None)).unwrap(),
+            ("mlx5_0".into(), "mlx5_0".into())
+        );
+    }
+}

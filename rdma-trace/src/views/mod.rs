@@ -1,0 +1,9 @@
+//! The view layer: how a run is shown. **A new view goes here.**
+//!
+//! * [`tui`]: the live view (ratatui screen, or text each interval).
+//! * [`timeline`]: the Perfetto timeline file (`--timeline`).
+//!
+//! Views read the model; nothing below imports a view.
+
+pub mod timeline;
+pub mod tui;
