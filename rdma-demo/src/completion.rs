@@ -240,11 +240,16 @@ pub fn expect(
 ) -> Result<WorkCompletion, CompletionError> {
     let wc = check_status(wc, what)?;
     if wc.opcode != opcode {
-        return Err(CompletionError::Unexpected {
-            what: what(),
-            opcode: wc.opcode,
-            wr_id: wc.wr_id,
-        });
+        return Err(unexpected(&wc, what));
     }
     Ok(wc)
+}
+
+/// The error of a successful completion that is not the one awaited.
+pub fn unexpected(wc: &WorkCompletion, what: &dyn Fn() -> String) -> CompletionError {
+    CompletionError::Unexpected {
+        what: what(),
+        opcode: wc.opcode,
+        wr_id: wc.wr_id,
+    }
 }

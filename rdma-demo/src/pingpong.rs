@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::completion::{Completions, Mode, expect};
+use crate::completion::{Completions, Mode, check_status, expect, unexpected};
 use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, ConnInfo, Demo};
 use crate::stats::{self, Summary, Totals};
-use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
+use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode, WorkCompletion};
 
 const WR_RECV: u64 = 1;
 const WR_SEND: u64 = 2;
@@ -158,6 +158,12 @@ impl Side {
         self.post_recv()
     }
 
+    /// The next completion, which must have succeeded (either kind: the caller checks which).
+    fn next_successful(&mut self, what: &dyn Fn() -> String) -> Result<WorkCompletion, DemoError> {
+        let wc = self.comp.next(what)?;
+        Ok(check_status(wc, what)?)
+    }
+
     fn report(
         &self,
         role: &'static str,
@@ -207,22 +213,14 @@ pub fn client(
         let (mut sent, mut received) = (false, false);
         while !(sent && received) {
             let what = || format!("iteration {i} of {}", p.iterations);
-            let wc = side.comp.next(&what)?;
-            let wc = crate::completion::check_status(wc, &what)?;
+            let wc = side.next_successful(&what)?;
             match wc.opcode {
                 WcOpcode::Send if !sent => sent = true,
                 WcOpcode::Recv if !received => {
                     side.received(wc.byte_len, !i)?;
                     received = true;
                 }
-                _ => {
-                    return Err(crate::completion::CompletionError::Unexpected {
-                        what: what(),
-                        opcode: wc.opcode,
-                        wr_id: wc.wr_id,
-                    }
-                    .into());
-                }
+                _ => return Err(unexpected(&wc, &what).into()),
             }
         }
         samples.push(t0.elapsed().as_nanos() as u64);
@@ -252,8 +250,7 @@ pub fn server(
         let mut received = false;
         while !received || send_outstanding {
             let what = || format!("iteration {i} of {}", p.iterations);
-            let wc = side.comp.next(&what)?;
-            let wc = crate::completion::check_status(wc, &what)?;
+            let wc = side.next_successful(&what)?;
             match wc.opcode {
                 WcOpcode::Send if send_outstanding => send_outstanding = false,
                 WcOpcode::Recv if !received => {
@@ -261,14 +258,7 @@ pub fn server(
                     side.received(wc.byte_len, i)?;
                     received = true;
                 }
-                _ => {
-                    return Err(crate::completion::CompletionError::Unexpected {
-                        what: what(),
-                        opcode: wc.opcode,
-                        wr_id: wc.wr_id,
-                    }
-                    .into());
-                }
+                _ => return Err(unexpected(&wc, &what).into()),
             }
         }
         side.send(!i)?;
