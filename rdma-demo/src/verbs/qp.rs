@@ -88,6 +88,17 @@ fn mtu_raw(mtu: Mtu) -> u32 {
     }
 }
 
+/// The one scatter/gather entry of a work request: `len` bytes of `mr` at `offset` (panics
+/// outside the region).
+fn sge(mr: &MemoryRegion, offset: usize, len: u32) -> ibv_sge {
+    mr.check_range(offset, len as usize);
+    ibv_sge {
+        addr: mr.addr(offset),
+        length: len,
+        lkey: mr.lkey(),
+    }
+}
+
 impl QueuePair {
     /// `ibv_create_qp` for an RC QP, every send signaled only if asked per WR.
     pub fn new_rc(
@@ -216,12 +227,7 @@ impl QueuePair {
         offset: usize,
         len: u32,
     ) -> Result<(), VerbsError> {
-        mr.check_range(offset, len as usize);
-        let mut sge = ibv_sge {
-            addr: mr.addr(offset),
-            length: len,
-            lkey: mr.lkey(),
-        };
+        let mut sge = sge(mr, offset, len);
         let mut wr = ibv_recv_wr {
             wr_id,
             next: ptr::null_mut(),
@@ -230,7 +236,7 @@ impl QueuePair {
         };
         let mut bad: *mut ibv_recv_wr = ptr::null_mut();
         // SAFETY: the QP is live; `wr` and `sge` are valid for the call (the provider copies
-        // them); the SGE lies inside the registered region (checked above).
+        // them); the SGE lies inside the registered region (`sge` checks it).
         let rc = unsafe { ibv_post_recv(self.raw.as_ptr(), &mut wr, &mut bad) };
         check_rc(rc, "ibv_post_recv", || self.target())
     }
@@ -246,12 +252,7 @@ impl QueuePair {
         len: u32,
         signaled: bool,
     ) -> Result<(), VerbsError> {
-        mr.check_range(offset, len as usize);
-        let mut sge = ibv_sge {
-            addr: mr.addr(offset),
-            length: len,
-            lkey: mr.lkey(),
-        };
+        let mut sge = sge(mr, offset, len);
         // SAFETY: all-zero is a valid ibv_send_wr (NULL pointers, zero unions).
         let mut wr: ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
         wr.wr_id = wr_id;
@@ -301,8 +302,8 @@ impl QueuePair {
         }
         let mut bad: *mut ibv_send_wr = ptr::null_mut();
         // SAFETY: the QP is live; `wr` and `sge` are valid for the call (the provider copies
-        // them); the local SGE lies inside the registered region. Remote addresses are checked
-        // by the peer's adapter against its rkey, not trusted here.
+        // them); the local SGE lies inside the registered region (`sge` checks it). Remote
+        // addresses are checked by the peer's adapter against its rkey, not trusted here.
         let rc = unsafe { ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) };
         check_rc(rc, "ibv_post_send", || self.target())
     }
