@@ -33,7 +33,7 @@ use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
 use crate::stats::{self, Summary, Totals};
-use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
+use crate::verbs::{Access, MemoryRegion, SendOp, WcOpcode};
 
 const COUNTER: u64 = 0;
 const LOCK: u64 = 8;
@@ -171,18 +171,14 @@ pub fn server(
 ) -> Result<Report, DemoError> {
     let ep = Endpoint::open(opts)?;
     let n = p.clients as usize;
-    let region = MemoryRegion::new(
-        &ep.pd,
-        REGION_LEN as usize,
-        Access {
-            local_write: true,
-            remote_atomic: true,
-            ..Access::default()
-        },
-    )?;
+    let remote = Access {
+        remote_atomic: true,
+        ..Access::default()
+    };
+    let region = ep.exposed_region(REGION_LEN as usize, remote)?;
     let signals = MemoryRegion::new(&ep.pd, 8 * n, Access::LOCAL_WRITE)?;
     let cq = ep.cq(2 * p.clients + 4)?;
-    let mut comp = Completions::new(std::rc::Rc::clone(&cq), ep.mode, ep.timeout)?.passive();
+    let mut comp = ep.completions(std::rc::Rc::clone(&cq))?.passive();
     let buffer = RemoteBuf {
         addr: region.addr(0),
         rkey: region.rkey(),
@@ -191,22 +187,7 @@ pub fn server(
     // Declared after the regions: dropped before them.
     let mut qps = Vec::with_capacity(n);
     for k in 0..n {
-        let qp = QueuePair::new_rc(
-            &ep.pd,
-            &cq,
-            &cq,
-            QpCaps {
-                max_send_wr: 1,
-                max_recv_wr: 1,
-            },
-        )?;
-        qp.to_init(
-            ep.port,
-            Access {
-                remote_atomic: true,
-                ..Access::default()
-            },
-        )?;
+        let qp = ep.init_qp(&cq, 1, 1, remote)?;
         qp.post_recv(k as u64, &signals, 8 * k, 8)?;
         let psn = random_psn();
         let id = k as u32 + 1;
@@ -319,17 +300,8 @@ pub fn client(
     // [atomic result | final message], local only.
     let local = MemoryRegion::new(&ep.pd, 16, Access::LOCAL_WRITE)?;
     let cq = ep.cq(4)?;
-    let qp = QueuePair::new_rc(
-        &ep.pd,
-        &cq,
-        &cq,
-        QpCaps {
-            max_send_wr: 2,
-            max_recv_wr: 1,
-        },
-    )?;
-    qp.to_init(ep.port, Access::default())?;
-    let mut comp = Completions::new(cq, ep.mode, ep.timeout)?;
+    let qp = ep.init_qp(&cq, 2, 1, Access::default())?;
+    let mut comp = ep.completions(cq)?;
     let psn = random_psn();
     let ours = ep.local_info(Demo::Atomic, &qp, psn, p.iterations, 8, 0, None);
     let peer = exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)?;

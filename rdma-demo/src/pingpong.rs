@@ -15,7 +15,7 @@ use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, ConnInfo, Demo};
 use crate::stats::{self, Summary, Totals};
-use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode, WorkCompletion};
+use crate::verbs::{Access, MemoryRegion, QueuePair, SendOp, WcOpcode, WorkCompletion};
 
 const WR_RECV: u64 = 1;
 const WR_SEND: u64 = 2;
@@ -95,17 +95,8 @@ impl Side {
         let slot = (size as usize).next_multiple_of(64);
         let mr = MemoryRegion::new(&ep.pd, 2 * slot, Access::LOCAL_WRITE)?;
         let cq = ep.cq(16)?;
-        let qp = QueuePair::new_rc(
-            &ep.pd,
-            &cq,
-            &cq,
-            QpCaps {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-            },
-        )?;
-        qp.to_init(ep.port, Access::default())?;
-        let comp = Completions::new(cq, ep.mode, ep.timeout)?;
+        let qp = ep.init_qp(&cq, 4, 4, Access::default())?;
+        let comp = ep.completions(cq)?;
         let side = Side {
             qp,
             mr,

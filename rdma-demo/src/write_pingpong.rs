@@ -23,7 +23,7 @@ use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, ConnInfo, Demo, ExchangeError, RemoteBuf};
 use crate::stats::{self, Summary, Totals};
-use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
+use crate::verbs::{Access, MemoryRegion, QueuePair, SendOp, WcOpcode};
 
 const WR_WRITE: u64 = 1;
 /// WRITEs in flight at most (the send queue's depth).
@@ -100,35 +100,16 @@ struct Side {
 impl Side {
     fn new(ep: &Endpoint, p: Params, server: bool) -> Result<(Self, u32), DemoError> {
         let size = p.size as usize;
-        let inbox = MemoryRegion::new(
-            &ep.pd,
-            size,
-            Access {
-                local_write: true,
-                remote_write: true,
-                ..Access::default()
-            },
-        )?;
+        let remote = Access {
+            remote_write: true,
+            ..Access::default()
+        };
+        let inbox = ep.exposed_region(size, remote)?;
         let outbox = MemoryRegion::new(&ep.pd, size, Access::LOCAL_WRITE)?;
         outbox.fill(0, seq_offset(&p), |i| pattern(i, server));
         let cq = ep.cq(SEND_DEPTH * 2)?;
-        let qp = QueuePair::new_rc(
-            &ep.pd,
-            &cq,
-            &cq,
-            QpCaps {
-                max_send_wr: SEND_DEPTH,
-                max_recv_wr: 1,
-            },
-        )?;
-        qp.to_init(
-            ep.port,
-            Access {
-                remote_write: true,
-                ..Access::default()
-            },
-        )?;
-        let comp = Completions::new(cq, ep.mode, ep.timeout)?;
+        let qp = ep.init_qp(&cq, SEND_DEPTH, 1, remote)?;
+        let comp = ep.completions(cq)?;
         Ok((
             Side {
                 qp,

@@ -18,7 +18,7 @@ use crate::endpoint::{Endpoint, EndpointOptions, Fault, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
 use crate::stats::{self, Summary, Totals};
-use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
+use crate::verbs::{Access, MemoryRegion, SendOp, WcOpcode};
 
 const WR_RECV: u64 = 1;
 const WR_WRITE: u64 = 2;
@@ -102,39 +102,18 @@ pub fn server(
 ) -> Result<Report, DemoError> {
     let ep = Endpoint::open(opts)?;
     let size = p.size as usize;
-    let demo = MemoryRegion::new(
-        &ep.pd,
-        size,
-        Access {
-            local_write: true,
-            remote_read: true,
-            remote_write: true,
-            remote_atomic: false,
-        },
-    )?;
+    let remote = Access {
+        remote_read: true,
+        remote_write: true,
+        ..Access::default()
+    };
+    let demo = ep.exposed_region(size, remote)?;
     demo.fill(0, size, server_pattern);
     let signal = MemoryRegion::new(&ep.pd, 8, Access::LOCAL_WRITE)?;
     let cq = ep.cq(4)?;
-    let qp = QueuePair::new_rc(
-        &ep.pd,
-        &cq,
-        &cq,
-        QpCaps {
-            max_send_wr: 1,
-            max_recv_wr: 1,
-        },
-    )?;
-    qp.to_init(
-        ep.port,
-        Access {
-            local_write: false,
-            remote_read: true,
-            remote_write: true,
-            remote_atomic: false,
-        },
-    )?;
+    let qp = ep.init_qp(&cq, 1, 1, remote)?;
     qp.post_recv(WR_RECV, &signal, 0, 8)?;
-    let mut comp = Completions::new(cq, ep.mode, ep.timeout)?.passive();
+    let mut comp = ep.completions(cq)?.passive();
     let psn = random_psn();
     let buffer = RemoteBuf {
         addr: demo.addr(0),
@@ -232,17 +211,8 @@ pub fn client(
     // [write source | read destination], both local only.
     let local = MemoryRegion::new(&ep.pd, 2 * size, Access::LOCAL_WRITE)?;
     let cq = ep.cq(4)?;
-    let qp = QueuePair::new_rc(
-        &ep.pd,
-        &cq,
-        &cq,
-        QpCaps {
-            max_send_wr: 2,
-            max_recv_wr: 1,
-        },
-    )?;
-    qp.to_init(ep.port, Access::default())?;
-    let mut comp = Completions::new(cq, ep.mode, ep.timeout)?;
+    let qp = ep.init_qp(&cq, 2, 1, Access::default())?;
+    let mut comp = ep.completions(cq)?;
     let psn = random_psn();
     let ours = ep.local_info(Demo::WriteRead, &qp, psn, p.iterations, p.size, 0, None);
     let peer = exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)?;
