@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::completion::{CompletionError, Completions, Mode, expect};
+use crate::completion::{CompletionError, Completions, Mode, expect, post_and_wait};
 use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
@@ -322,15 +322,12 @@ pub fn client(
     let _phase = crate::phase::data(opts.fault)?;
     let id64 = u64::from(id);
 
-    let atomic =
-        |comp: &mut Completions, op: SendOp, opcode, what: &str| -> Result<(u64, u64), DemoError> {
-            let t0 = Instant::now();
-            qp.post_send(WR_ATOMIC, op, &local, 0, 8, true)?;
-            let what = || format!("client {id}: {what}");
-            let wc = comp.next(&what)?;
-            expect(wc, opcode, &what)?;
-            Ok((local.read_u64(0), t0.elapsed().as_nanos() as u64))
-        };
+    // The old value and the time from post to completion.
+    let atomic = |comp: &mut Completions, op, what: &str| -> Result<(u64, u64), DemoError> {
+        let what = || format!("client {id}: {what}");
+        let t = post_and_wait(comp, &qp, WR_ATOMIC, op, &local, 0, 8, &what)?;
+        Ok((local.read_u64(0), t))
+    };
     let fadd = |remote_off, add| SendOp::FetchAdd {
         remote: remote.at(remote_off),
         add,
@@ -355,12 +352,7 @@ pub fn client(
         while done < p.iterations {
             match repeat {
                 Repeat::Faa => {
-                    let (old, t) = atomic(
-                        &mut comp,
-                        fadd(COUNTER, id64),
-                        WcOpcode::FetchAdd,
-                        "FADD counter",
-                    )?;
+                    let (old, t) = atomic(&mut comp, fadd(COUNTER, id64), "FADD counter")?;
                     fadds.push(t);
                     // Every add since our last one (ours included) made the counter grow.
                     if done > 0 && old < seen + id64 {
@@ -377,7 +369,7 @@ pub fn client(
                         compare: seen,
                         swap: seen + id64,
                     };
-                    let (old, t) = atomic(&mut comp, swap, WcOpcode::CompSwap, "CAS counter")?;
+                    let (old, t) = atomic(&mut comp, swap, "CAS counter")?;
                     cass.push(t);
                     attempts += 1;
                     if old == seen {
@@ -403,22 +395,12 @@ pub fn client(
         }
     } else {
         for round in 0..p.iterations {
-            let (old, t) = atomic(
-                &mut comp,
-                fadd(COUNTER, id64),
-                WcOpcode::FetchAdd,
-                "FADD counter",
-            )?;
+            let (old, t) = atomic(&mut comp, fadd(COUNTER, id64), "FADD counter")?;
             fadds.push(t);
             last_fetched = old;
             let deadline = Instant::now() + opts.timeout;
             loop {
-                let (old, t) = atomic(
-                    &mut comp,
-                    cas(0, id64),
-                    WcOpcode::CompSwap,
-                    "CAS lock 0 -> id",
-                )?;
+                let (old, t) = atomic(&mut comp, cas(0, id64), "CAS lock 0 -> id")?;
                 cass.push(t);
                 attempts += 1;
                 if old == 0 {
@@ -440,34 +422,19 @@ pub fn client(
                 }
             }
             let acquired = Instant::now();
-            let (inside, _) = atomic(
-                &mut comp,
-                fadd(INSIDE, 1),
-                WcOpcode::FetchAdd,
-                "FADD inside +1",
-            )?;
+            let (inside, _) = atomic(&mut comp, fadd(INSIDE, 1), "FADD inside +1")?;
             if inside != 0 {
                 return Err(DemoError::Verify(format!(
                     "client {id} round {round}: {inside} other holder(s) inside the critical section"
                 )));
             }
-            let (inside, _) = atomic(
-                &mut comp,
-                fadd(INSIDE, u64::MAX),
-                WcOpcode::FetchAdd,
-                "FADD inside -1",
-            )?;
+            let (inside, _) = atomic(&mut comp, fadd(INSIDE, u64::MAX), "FADD inside -1")?;
             if inside != 1 {
                 return Err(DemoError::Verify(format!(
                     "client {id} round {round}: {inside} holders inside on leaving, want 1"
                 )));
             }
-            let (old, t) = atomic(
-                &mut comp,
-                cas(id64, 0),
-                WcOpcode::CompSwap,
-                "CAS lock id -> 0",
-            )?;
+            let (old, t) = atomic(&mut comp, cas(id64, 0), "CAS lock id -> 0")?;
             cass.push(t);
             holds.push(acquired.elapsed().as_nanos() as u64);
             if old != id64 {
@@ -479,10 +446,8 @@ pub fn client(
     }
     let total = start.elapsed();
     local.write_u64(8, u64::from(p.iterations));
-    qp.post_send(WR_DONE, SendOp::Send, &local, 8, 8, true)?;
     let what = || format!("client {id}: the final SEND");
-    let wc = comp.next(&what)?;
-    expect(wc, WcOpcode::Send, &what)?;
+    post_and_wait(&mut comp, &qp, WR_DONE, SendOp::Send, &local, 8, 8, &what)?;
     // The lock rounds add two FADDs of `inside` per round, which are not timed.
     let untimed = if p.repeat.is_some() { 0 } else { 2 };
     // Fetch-and-Add alone makes no CAS attempt.

@@ -13,7 +13,9 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::exchange::secs;
-use crate::verbs::{CompletionQueue, VerbsError, WcOpcode, WorkCompletion};
+use crate::verbs::{
+    CompletionQueue, MemoryRegion, QueuePair, SendOp, VerbsError, WcOpcode, WorkCompletion,
+};
 
 /// How to wait for completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
@@ -252,4 +254,25 @@ pub fn unexpected(wc: &WorkCompletion, what: &dyn Fn() -> String) -> CompletionE
         opcode: wc.opcode,
         wr_id: wc.wr_id,
     }
+}
+
+/// Posts one signaled request (`op` on `len` bytes of `mr` at `offset`), waits for its
+/// completion and checks it (a success, of `op`'s kind); returns the time from the post to the
+/// completion in nanoseconds.
+#[allow(clippy::too_many_arguments)]
+pub fn post_and_wait(
+    comp: &mut Completions,
+    qp: &QueuePair,
+    wr_id: u64,
+    op: SendOp,
+    mr: &MemoryRegion,
+    offset: usize,
+    len: u32,
+    what: &dyn Fn() -> String,
+) -> Result<u64, CompletionError> {
+    let t0 = Instant::now();
+    qp.post_send(wr_id, op, mr, offset, len, true)?;
+    let wc = comp.next(what)?;
+    expect(wc, op.completion(), what)?;
+    Ok(t0.elapsed().as_nanos() as u64)
 }

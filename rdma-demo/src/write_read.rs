@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::completion::{Completions, Mode, expect};
+use crate::completion::{Mode, expect, post_and_wait};
 use crate::endpoint::{Endpoint, EndpointOptions, Fault, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
@@ -236,26 +236,15 @@ pub fn client(
     ep.connect(&qp, psn, &peer)?;
     let _phase = crate::phase::data(opts.fault)?;
 
-    let op =
-        |comp: &mut Completions, wr_id, sop, off, opcode, what: &str| -> Result<u64, DemoError> {
-            let t0 = Instant::now();
-            qp.post_send(wr_id, sop, &local, off, p.size, true)?;
-            let what = || what.to_string();
-            let wc = comp.next(&what)?;
-            expect(wc, opcode, &what)?;
-            Ok(t0.elapsed().as_nanos() as u64)
-        };
+    let mut op = |wr_id, sop, off, what: &str| {
+        post_and_wait(&mut comp, &qp, wr_id, sop, &local, off, p.size, &|| {
+            what.to_string()
+        })
+    };
     let start = Instant::now();
     // 1. What does the server hold?
     let read_op = SendOp::RdmaRead(remote.at(0));
-    op(
-        &mut comp,
-        WR_READ,
-        read_op,
-        size,
-        WcOpcode::RdmaRead,
-        "the first RDMA READ",
-    )?;
+    op(WR_READ, read_op, size, "the first RDMA READ")?;
     let mut got = vec![0u8; size];
     local.read(size, &mut got);
     if let Some(i) = (0..size).find(|&i| got[i] != server_pattern(i)) {
@@ -277,22 +266,9 @@ pub fn client(
     for n in 0..p.iterations {
         local.fill(0, size, |i| client_pattern(n, i));
         local.fill(size, size, |_| 0);
-        writes.push(op(
-            &mut comp,
-            WR_WRITE,
-            SendOp::RdmaWrite(remote.at(0)),
-            0,
-            WcOpcode::RdmaWrite,
-            "RDMA WRITE",
-        )?);
-        reads.push(op(
-            &mut comp,
-            WR_READ,
-            read_op,
-            size,
-            WcOpcode::RdmaRead,
-            "RDMA READ",
-        )?);
+        let write_op = SendOp::RdmaWrite(remote.at(0));
+        writes.push(op(WR_WRITE, write_op, 0, "RDMA WRITE")?);
+        reads.push(op(WR_READ, read_op, size, "RDMA READ")?);
         local.read(size, &mut got);
         if let Some(i) = (0..size).find(|&i| got[i] != client_pattern(n, i)) {
             return Err(DemoError::Verify(format!(
@@ -306,10 +282,8 @@ pub fn client(
     let total = start.elapsed();
     // 2. Tell the server we are done: a SEND, since TCP is closed.
     local.write(0, &u64::from(p.iterations).to_le_bytes());
-    qp.post_send(WR_DONE, SendOp::Send, &local, 0, 8, true)?;
     let what = || "the final SEND".to_string();
-    let wc = comp.next(&what)?;
-    expect(wc, WcOpcode::Send, &what)?;
+    post_and_wait(&mut comp, &qp, WR_DONE, SendOp::Send, &local, 0, 8, &what)?;
     let ops = 2 * u64::from(p.iterations) + 1;
     let totals = Totals::new(
         total,

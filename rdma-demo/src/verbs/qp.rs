@@ -12,7 +12,7 @@ use rdma_sys::{
 };
 
 use super::attr::Mtu;
-use super::cq::CompletionQueue;
+use super::cq::{CompletionQueue, WcOpcode};
 use super::gid::Gid;
 use super::pd::{Access, MemoryRegion, ProtectionDomain};
 use super::{VerbsError, check_rc, last_os_error};
@@ -75,6 +75,19 @@ pub enum SendOp {
         compare: u64,
         swap: u64,
     },
+}
+
+impl SendOp {
+    /// The opcode of the request's completion.
+    pub fn completion(&self) -> WcOpcode {
+        match self {
+            SendOp::Send => WcOpcode::Send,
+            SendOp::RdmaWrite(_) => WcOpcode::RdmaWrite,
+            SendOp::RdmaRead(_) => WcOpcode::RdmaRead,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
+        }
+    }
 }
 
 fn mtu_raw(mtu: Mtu) -> u32 {
