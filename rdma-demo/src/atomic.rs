@@ -154,9 +154,11 @@ impl Report {
             ("lock hold time", &self.hold_us),
         ] {
             if let Some(s) = s {
-                let _ = writeln!(out, "--- {name} (full latency, not halved) ---");
-                let _ = writeln!(out, "{}", stats::TABLE_HEADER);
-                let _ = writeln!(out, "{}", stats::table_row(8, s));
+                out.push_str(&stats::table(
+                    &format!("{name} (full latency, not halved)"),
+                    8,
+                    s,
+                ));
             }
         }
         out

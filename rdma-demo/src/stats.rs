@@ -68,12 +68,17 @@ pub const TABLE_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec
 /// The one-way table (round trip / 2, as perftest tool `tool` reports it) and the round-trip
 /// table of a ping-pong of `bytes`-byte messages.
 pub fn one_way_and_round_trip(bytes: u64, one_way: &Summary, rtt: &Summary, tool: &str) -> String {
-    format!(
-        "--- one-way latency = round trip / 2 (as {tool}) ---\n{TABLE_HEADER}\n{}\n\
-         --- round trip ---\n{TABLE_HEADER}\n{}\n",
-        table_row(bytes, one_way),
-        table_row(bytes, rtt)
-    )
+    let one_way = table(
+        &format!("one-way latency = round trip / 2 (as {tool})"),
+        bytes,
+        one_way,
+    );
+    one_way + &table("round trip", bytes, rtt)
+}
+
+/// A titled perftest table of one row: `--- {title} ---`, the header and the row.
+pub fn table(title: &str, bytes: u64, s: &Summary) -> String {
+    format!("--- {title} ---\n{TABLE_HEADER}\n{}\n", table_row(bytes, s))
 }
 
 /// One perftest row.

@@ -82,12 +82,11 @@ impl Report {
         out.push_str(&self.totals.render("one WRITE + one READ per iteration"));
         for (name, s) in [("RDMA WRITE", &self.write_us), ("RDMA READ", &self.read_us)] {
             if let Some(s) = s {
-                let _ = writeln!(
-                    out,
-                    "--- {name} latency, post to completion (full, not halved) ---"
-                );
-                let _ = writeln!(out, "{}", stats::TABLE_HEADER);
-                let _ = writeln!(out, "{}", stats::table_row(self.size.into(), s));
+                out.push_str(&stats::table(
+                    &format!("{name} latency, post to completion (full, not halved)"),
+                    self.size.into(),
+                    s,
+                ));
             }
         }
         out
