@@ -28,10 +28,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::completion::{CompletionError, Completions, Mode, expect, post_and_wait};
+use crate::completion::{CompletionError, Completions, expect, post_and_wait};
 use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
+use crate::report::Run;
 use crate::stats::{self, Summary, Totals};
 use crate::verbs::{Access, MemoryRegion, SendOp, WcOpcode};
 
@@ -77,15 +78,12 @@ impl Params {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    pub role: &'static str,
-    pub device: String,
-    pub mode: Mode,
-    pub iterations: u32,
+    #[serde(flatten)]
+    pub run: Run,
     pub client_id: Option<u32>,
     /// The atomic repeated (`--repeat`), or none for the lock rounds. The server reports its
     /// own flag: what its clients do is theirs to choose, and its check is the same.
     pub repeat: Option<Repeat>,
-    pub totals: Totals,
     /// Server: the final counter, what it should be, and the lock words.
     pub final_counter: Option<u64>,
     pub expected_counter: Option<u64>,
@@ -99,38 +97,33 @@ pub struct Report {
     pub cmp_swap_us: Option<Summary>,
     /// Client: what its last FADD on the counter returned.
     pub last_fetched: Option<u64>,
-    #[serde(skip)]
-    pub notes: Vec<String>,
 }
 
 impl Report {
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        for n in &self.notes {
-            let _ = writeln!(out, "{n}");
-        }
+        let run = &self.run;
         let who = match self.client_id {
             Some(id) => format!("client {id}"),
-            None => self.role.to_string(),
+            None => run.role.to_string(),
         };
         let what = match self.repeat {
             Some(Repeat::Faa) => "Fetch-and-Add repeated on one word",
             Some(Repeat::Cas) => "Compare-and-Swap repeated on one word",
             None => "atomics",
         };
-        let _ = writeln!(
-            out,
+        let title = format!(
             "{who} {}: {what}, {} rounds, {} mode",
-            self.device,
-            self.iterations,
-            format!("{:?}", self.mode).to_lowercase()
+            run.device,
+            run.iterations,
+            run.mode.name()
         );
+        let mut details = String::new();
         if let (Some(c), Some(e)) = (self.final_counter, self.expected_counter) {
-            let _ = writeln!(out, "final counter: {c} (expected {e}: correct)");
+            let _ = writeln!(details, "final counter: {c} (expected {e}: correct)");
             // Repeated atomics take no lock: there is no overlap to speak of.
             if self.repeat.is_none() {
                 let _ = writeln!(
-                    out,
+                    details,
                     "lock word: {}, holders inside: {} (no overlap seen)",
                     self.final_lock.unwrap_or_default(),
                     self.final_inside.unwrap_or_default()
@@ -142,12 +135,12 @@ impl Report {
                 Some(_) => "Compare-and-Swap",
                 None => "lock",
             };
-            let _ = writeln!(out, "{what} attempts: {a}, retries: {r}");
+            let _ = writeln!(details, "{what} attempts: {a}, retries: {r}");
         }
         if let Some(last) = self.last_fetched {
-            let _ = writeln!(out, "last Fetch-and-Add returned: {last}");
+            let _ = writeln!(details, "last Fetch-and-Add returned: {last}");
         }
-        out.push_str(&self.totals.render("one round"));
+        let mut out = run.render(&title, &details, "one round");
         for (name, s) in [
             ("Fetch-and-Add", &self.fetch_add_us),
             ("Compare-and-Swap", &self.cmp_swap_us),
@@ -263,20 +256,16 @@ pub fn server(
         0,
         u64::from(p.clients),
     );
-    let mut notes = ep.notes.clone();
-    notes.push(format!(
+    let mut run = Run::new("server", &ep, p.iterations, totals);
+    run.notes.push(format!(
         "server: {} client(s); 24 bytes at {:#x} rkey {:#x} (REMOTE_ATOMIC only)",
         p.clients, buffer.addr, buffer.rkey
     ));
     drop(qps);
     Ok(Report {
-        role: "server",
-        device: ep.device.clone(),
-        mode: ep.mode,
-        iterations: p.iterations,
+        run,
         client_id: None,
         repeat: p.repeat,
-        totals,
         final_counter: Some(counter),
         expected_counter: Some(expected),
         final_lock: Some(lock),
@@ -287,7 +276,6 @@ pub fn server(
         fetch_add_us: None,
         cmp_swap_us: None,
         last_fetched: None,
-        notes,
     })
 }
 
@@ -463,13 +451,9 @@ pub fn client(
         ops,
     );
     Ok(Report {
-        role: "client",
-        device: ep.device.clone(),
-        mode: ep.mode,
-        iterations: p.iterations,
+        run: Run::new("client", &ep, p.iterations, totals),
         client_id: Some(id),
         repeat: p.repeat,
-        totals,
         final_counter: None,
         expected_counter: None,
         final_lock: None,
@@ -481,7 +465,6 @@ pub fn client(
         cmp_swap_us: stats::summarize(&cass),
         // A CAS-only client makes no Fetch-and-Add.
         last_fetched: (p.repeat != Some(Repeat::Cas)).then_some(last_fetched),
-        notes: ep.notes.clone(),
     })
 }
 

@@ -27,6 +27,16 @@ pub enum Mode {
     Event,
 }
 
+impl Mode {
+    /// `poll` or `event`, as the flag and the JSON spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Poll => "poll",
+            Mode::Event => "event",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CompletionError {
     #[error("no completion within {} ({mode:?} mode) while waiting for {what}: is the peer still alive?", secs(*timeout))]

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::completion::{Completions, Mode, check_status, expect, unexpected};
+use crate::completion::{Completions, check_status, expect, unexpected};
 use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, ConnInfo, Demo};
+use crate::report::Run;
 use crate::stats::{self, Summary, Totals};
 use crate::verbs::{Access, MemoryRegion, QueuePair, SendOp, WcOpcode, WorkCompletion};
 
@@ -25,47 +26,38 @@ pub use crate::exchange::SizedParams as Params;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    pub role: &'static str,
-    pub device: String,
+    #[serde(flatten)]
+    pub run: Run,
     pub port: u8,
     pub gid_index: Option<u8>,
     pub mtu: u32,
-    pub mode: Mode,
-    pub iterations: u32,
     pub size: u32,
     pub local_qpn: u32,
     pub remote_qpn: u32,
-    pub totals: Totals,
     /// CQ events taken (event mode).
     pub cq_events: u64,
     /// Per-iteration round trips (client only).
     pub round_trip_us: Option<Summary>,
     /// Half of each round trip, as perftest's `ib_send_lat` reports (client only).
     pub one_way_us: Option<Summary>,
-    #[serde(skip)]
-    pub notes: Vec<String>,
 }
 
 impl Report {
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        for n in &self.notes {
-            out.push_str(n);
-            out.push('\n');
-        }
-        out.push_str(&format!(
-            "{} {} port {}: QP {:#08x} <-> remote QP {:#08x}, MTU {}, {} B x {} iterations, {} mode\n",
-            self.role,
-            self.device,
+        let run = &self.run;
+        let title = format!(
+            "{} {} port {}: QP {:#08x} <-> remote QP {:#08x}, MTU {}, {} B x {} iterations, {} mode",
+            run.role,
+            run.device,
             self.port,
             self.local_qpn,
             self.remote_qpn,
             self.mtu,
             self.size,
-            self.iterations,
-            format!("{:?}", self.mode).to_lowercase()
-        ));
-        out.push_str(&self.totals.render("round trip per iteration"));
+            run.iterations,
+            run.mode.name()
+        );
+        let mut out = run.render(&title, "", "round trip per iteration");
         if let (Some(one_way), Some(rtt)) = (&self.one_way_us, &self.round_trip_us) {
             out.push_str(&stats::one_way_and_round_trip(
                 self.size.into(),
@@ -164,21 +156,16 @@ impl Side {
         rtt: Option<Summary>,
     ) -> Report {
         Report {
-            role,
-            device: self.ep.device.clone(),
+            run: Run::new(role, &self.ep, p.iterations, totals),
             port: self.ep.port,
             gid_index: self.ep.sgid_index,
             mtu: self.ep.mtu.bytes(),
-            mode: self.ep.mode,
-            iterations: p.iterations,
             size: p.size,
             local_qpn: self.qp.qp_num(),
             remote_qpn: peer.qpn,
-            totals,
             cq_events: self.comp.events(),
             one_way_us: rtt.map(|s| s.halved()),
             round_trip_us: rtt,
-            notes: self.ep.notes.clone(),
         }
     }
 }

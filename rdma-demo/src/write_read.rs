@@ -13,10 +13,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::completion::{Mode, expect, post_and_wait};
+use crate::completion::{expect, post_and_wait};
 use crate::endpoint::{Endpoint, EndpointOptions, Fault, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
+use crate::report::Run;
 use crate::stats::{self, Summary, Totals};
 use crate::verbs::{Access, MemoryRegion, SendOp, WcOpcode};
 
@@ -40,12 +41,9 @@ pub fn client_pattern(n: u32, i: usize) -> u8 {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    pub role: &'static str,
-    pub device: String,
-    pub mode: Mode,
-    pub iterations: u32,
+    #[serde(flatten)]
+    pub run: Run,
     pub size: u32,
-    pub totals: Totals,
     /// The first bytes read from the server before writing (client).
     pub first_read: Option<String>,
     /// Latency of each RDMA WRITE, post to completion (client).
@@ -53,33 +51,28 @@ pub struct Report {
     /// Latency of each RDMA READ, post to completion (client).
     pub read_us: Option<Summary>,
     pub bytes_verified: u64,
-    #[serde(skip)]
-    pub notes: Vec<String>,
 }
 
 impl Report {
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        for n in &self.notes {
-            let _ = writeln!(out, "{n}");
-        }
-        let _ = writeln!(
-            out,
+        let run = &self.run;
+        let title = format!(
             "{} {}: RDMA WRITE/READ, {} B x {} iterations, {} mode",
-            self.role,
-            self.device,
+            run.role,
+            run.device,
             self.size,
-            self.iterations,
-            format!("{:?}", self.mode).to_lowercase()
+            run.iterations,
+            run.mode.name()
         );
+        let mut details = String::new();
         if let Some(first) = &self.first_read {
             let _ = writeln!(
-                out,
+                details,
                 "read from the server: {first} ... (its initial pattern: verified)"
             );
         }
-        let _ = writeln!(out, "bytes verified: {}", self.bytes_verified);
-        out.push_str(&self.totals.render("one WRITE + one READ per iteration"));
+        let _ = writeln!(details, "bytes verified: {}", self.bytes_verified);
+        let mut out = run.render(&title, &details, "one WRITE + one READ per iteration");
         for (name, s) in [("RDMA WRITE", &self.write_us), ("RDMA READ", &self.read_us)] {
             if let Some(s) = s {
                 out.push_str(&stats::table(
@@ -178,23 +171,18 @@ pub fn server(
         0,
         1,
     );
-    let mut notes = ep.notes.clone();
-    notes.push(format!(
+    let mut run = Run::new("server", &ep, p.iterations, totals);
+    run.notes.push(format!(
         "server: exposed {size} bytes at {:#x} rkey {:#x} (REMOTE_READ|REMOTE_WRITE); its CPU only waited for the final SEND",
         buffer.addr, buffer.rkey
     ));
     Ok(Report {
-        role: "server",
-        device: ep.device.clone(),
-        mode: ep.mode,
-        iterations: p.iterations,
+        run,
         size: p.size,
-        totals,
         first_read: None,
         write_us: None,
         read_us: None,
         bytes_verified: size as u64,
-        notes,
     })
 }
 
@@ -292,16 +280,11 @@ pub fn client(
         ops,
     );
     Ok(Report {
-        role: "client",
-        device: ep.device.clone(),
-        mode: ep.mode,
-        iterations: p.iterations,
+        run: Run::new("client", &ep, p.iterations, totals),
         size: p.size,
-        totals,
         first_read: Some(first_read),
         write_us: stats::summarize(&writes),
         read_us: stats::summarize(&reads),
         bytes_verified: verified,
-        notes: ep.notes.clone(),
     })
 }
