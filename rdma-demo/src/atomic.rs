@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::completion::{CompletionError, Completions, expect, post_and_wait};
+use crate::completion::{Completions, expect, post_and_wait};
 use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
@@ -205,12 +205,9 @@ pub fn server(
                     .filter(|&k| !done[k])
                     .map(|k| (k + 1).to_string())
                     .collect();
-                return Err(CompletionError::Timeout {
-                    what: format!("client(s) {} to finish", missing.join(", ")),
-                    mode: ep.mode,
-                    timeout: opts.timeout,
-                }
-                .into());
+                return Err(comp
+                    .timed_out(format!("client(s) {} to finish", missing.join(", ")))
+                    .into());
             }
             last = now;
             continue;
@@ -371,12 +368,11 @@ pub fn client(
                         retries += 1;
                         seen = old;
                         if Instant::now() > deadline {
-                            return Err(CompletionError::Timeout {
-                                what: format!("client {id}: a CAS of the counter that succeeds"),
-                                mode: ep.mode,
-                                timeout: opts.timeout,
-                            }
-                            .into());
+                            return Err(comp
+                                .timed_out(format!(
+                                    "client {id}: a CAS of the counter that succeeds"
+                                ))
+                                .into());
                         }
                     }
                 }
@@ -403,12 +399,9 @@ pub fn client(
                 }
                 retries += 1;
                 if Instant::now() > deadline {
-                    return Err(CompletionError::Timeout {
-                        what: format!("client {id}: the lock (held by client {old})"),
-                        mode: ep.mode,
-                        timeout: opts.timeout,
-                    }
-                    .into());
+                    return Err(comp
+                        .timed_out(format!("client {id}: the lock (held by client {old})"))
+                        .into());
                 }
             }
             let acquired = Instant::now();

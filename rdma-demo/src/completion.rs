@@ -123,6 +123,15 @@ impl Completions {
         self.timeout
     }
 
+    /// The error of a wait for `what` that took longer than this timeout.
+    pub fn timed_out(&self, what: String) -> CompletionError {
+        CompletionError::Timeout {
+            what,
+            mode: self.mode,
+            timeout: self.timeout,
+        }
+    }
+
     /// Total time spent waiting in [`next`](Self::next).
     pub fn wait_time(&self) -> Duration {
         self.wait

@@ -136,12 +136,9 @@ pub fn server(
         let mut now = vec![0u8; last.len()];
         demo.read(0, &mut now);
         if now == last {
-            return Err(crate::completion::CompletionError::Timeout {
-                what: "the client's final message (and its buffer did not change)".into(),
-                mode: ep.mode,
-                timeout: opts.timeout,
-            }
-            .into());
+            return Err(comp
+                .timed_out("the client's final message (and its buffer did not change)".to_string())
+                .into());
         }
         last = now;
     };
