@@ -15,7 +15,7 @@ use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, ConnInfo, Demo};
 use crate::report::Run;
-use crate::stats::{self, Summary, Totals};
+use crate::stats::{RoundTrips, Totals};
 use crate::verbs::{Access, MemoryRegion, QueuePair, SendOp, WcOpcode, WorkCompletion};
 
 const WR_RECV: u64 = 1;
@@ -36,10 +36,10 @@ pub struct Report {
     pub remote_qpn: u32,
     /// CQ events taken (event mode).
     pub cq_events: u64,
-    /// Per-iteration round trips (client only).
-    pub round_trip_us: Option<Summary>,
-    /// Half of each round trip, as perftest's `ib_send_lat` reports (client only).
-    pub one_way_us: Option<Summary>,
+    /// Per-iteration round trips and their halves, as perftest's `ib_send_lat` reports (client
+    /// only).
+    #[serde(flatten)]
+    pub latency: RoundTrips,
 }
 
 impl Report {
@@ -58,14 +58,7 @@ impl Report {
             run.mode.name()
         );
         let mut out = run.render(&title, "", "round trip per iteration");
-        if let (Some(one_way), Some(rtt)) = (&self.one_way_us, &self.round_trip_us) {
-            out.push_str(&stats::one_way_and_round_trip(
-                self.size.into(),
-                one_way,
-                rtt,
-                "ib_send_lat",
-            ));
-        }
+        out.push_str(&self.latency.render(self.size.into(), "ib_send_lat"));
         out
     }
 }
@@ -153,7 +146,7 @@ impl Side {
         p: Params,
         peer: &ConnInfo,
         totals: Totals,
-        rtt: Option<Summary>,
+        latency: RoundTrips,
     ) -> Report {
         Report {
             run: Run::new(role, &self.ep, p.iterations, totals),
@@ -164,8 +157,7 @@ impl Side {
             local_qpn: self.qp.qp_num(),
             remote_qpn: peer.qpn,
             cq_events: self.comp.events(),
-            one_way_us: rtt.map(|s| s.halved()),
-            round_trip_us: rtt,
+            latency,
         }
     }
 }
@@ -206,7 +198,7 @@ pub fn client(
     let total = start.elapsed();
     let n = u64::from(p.iterations);
     let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
-    Ok(side.report("client", p, &peer, totals, stats::summarize(&samples)))
+    Ok(side.report("client", p, &peer, totals, RoundTrips::new(&samples)))
 }
 
 /// Server side: accepts one client on `listener`, then answers `iterations` messages.
@@ -248,5 +240,5 @@ pub fn server(
     let total = start.map_or(Duration::ZERO, |s| s.elapsed());
     let n = u64::from(p.iterations);
     let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
-    Ok(side.report("server", p, &peer, totals, None))
+    Ok(side.report("server", p, &peer, totals, RoundTrips::default()))
 }

@@ -22,7 +22,7 @@ use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, ConnInfo, Demo, ExchangeError, RemoteBuf};
 use crate::report::Run;
-use crate::stats::{self, Summary, Totals};
+use crate::stats::{RoundTrips, Totals};
 use crate::verbs::{Access, MemoryRegion, QueuePair, SendOp, WcOpcode};
 
 const WR_WRITE: u64 = 1;
@@ -50,10 +50,10 @@ pub struct Report {
     #[serde(flatten)]
     pub run: Run,
     pub size: u32,
-    /// WRITE round trips, post to the reply in memory (client).
-    pub round_trip_us: Option<Summary>,
-    /// Half of each round trip, as `ib_write_lat` reports (client).
-    pub one_way_us: Option<Summary>,
+    /// WRITE round trips, post to the reply in memory, and their halves, as `ib_write_lat`
+    /// reports (client).
+    #[serde(flatten)]
+    pub latency: RoundTrips,
 }
 
 impl Report {
@@ -64,14 +64,7 @@ impl Report {
             run.role, run.device, self.size, run.iterations
         );
         let mut out = run.render(&title, "", "round trip per iteration");
-        if let (Some(one_way), Some(rtt)) = (&self.one_way_us, &self.round_trip_us) {
-            out.push_str(&stats::one_way_and_round_trip(
-                self.size.into(),
-                one_way,
-                rtt,
-                "ib_write_lat",
-            ));
-        }
+        out.push_str(&self.latency.render(self.size.into(), "ib_write_lat"));
         out
     }
 }
@@ -264,8 +257,7 @@ pub fn server(
     Ok(Report {
         run,
         size: p.size,
-        round_trip_us: None,
-        one_way_us: None,
+        latency: RoundTrips::default(),
     })
 }
 
@@ -295,13 +287,11 @@ pub fn client(
     side.drain()?;
     side.check(u64::from(p.iterations), true)?;
     let n = u64::from(p.iterations);
-    let rtt = stats::summarize(&rtts);
     let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
     Ok(Report {
         run: Run::new("client", &ep, p.iterations, totals),
         size: p.size,
-        one_way_us: rtt.as_ref().map(Summary::halved),
-        round_trip_us: rtt,
+        latency: RoundTrips::new(&rtts),
     })
 }
 
