@@ -28,12 +28,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::completion::{CompletionError, Completions, Mode, expect};
+use crate::completion::{Completions, expect, post_and_wait};
 use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
+use crate::report::Run;
 use crate::stats::{self, Summary, Totals};
-use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
+use crate::verbs::{Access, MemoryRegion, SendOp, WcOpcode};
 
 const COUNTER: u64 = 0;
 const LOCK: u64 = 8;
@@ -77,15 +78,12 @@ impl Params {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    pub role: &'static str,
-    pub device: String,
-    pub mode: Mode,
-    pub iterations: u32,
+    #[serde(flatten)]
+    pub run: Run,
     pub client_id: Option<u32>,
     /// The atomic repeated (`--repeat`), or none for the lock rounds. The server reports its
     /// own flag: what its clients do is theirs to choose, and its check is the same.
     pub repeat: Option<Repeat>,
-    pub totals: Totals,
     /// Server: the final counter, what it should be, and the lock words.
     pub final_counter: Option<u64>,
     pub expected_counter: Option<u64>,
@@ -99,38 +97,33 @@ pub struct Report {
     pub cmp_swap_us: Option<Summary>,
     /// Client: what its last FADD on the counter returned.
     pub last_fetched: Option<u64>,
-    #[serde(skip)]
-    pub notes: Vec<String>,
 }
 
 impl Report {
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        for n in &self.notes {
-            let _ = writeln!(out, "{n}");
-        }
+        let run = &self.run;
         let who = match self.client_id {
             Some(id) => format!("client {id}"),
-            None => self.role.to_string(),
+            None => run.role.to_string(),
         };
         let what = match self.repeat {
             Some(Repeat::Faa) => "Fetch-and-Add repeated on one word",
             Some(Repeat::Cas) => "Compare-and-Swap repeated on one word",
             None => "atomics",
         };
-        let _ = writeln!(
-            out,
+        let title = format!(
             "{who} {}: {what}, {} rounds, {} mode",
-            self.device,
-            self.iterations,
-            format!("{:?}", self.mode).to_lowercase()
+            run.device,
+            run.iterations,
+            run.mode.name()
         );
+        let mut details = String::new();
         if let (Some(c), Some(e)) = (self.final_counter, self.expected_counter) {
-            let _ = writeln!(out, "final counter: {c} (expected {e}: correct)");
+            let _ = writeln!(details, "final counter: {c} (expected {e}: correct)");
             // Repeated atomics take no lock: there is no overlap to speak of.
             if self.repeat.is_none() {
                 let _ = writeln!(
-                    out,
+                    details,
                     "lock word: {}, holders inside: {} (no overlap seen)",
                     self.final_lock.unwrap_or_default(),
                     self.final_inside.unwrap_or_default()
@@ -142,21 +135,23 @@ impl Report {
                 Some(_) => "Compare-and-Swap",
                 None => "lock",
             };
-            let _ = writeln!(out, "{what} attempts: {a}, retries: {r}");
+            let _ = writeln!(details, "{what} attempts: {a}, retries: {r}");
         }
         if let Some(last) = self.last_fetched {
-            let _ = writeln!(out, "last Fetch-and-Add returned: {last}");
+            let _ = writeln!(details, "last Fetch-and-Add returned: {last}");
         }
-        out.push_str(&self.totals.render("one round"));
+        let mut out = run.render(&title, &details, "one round");
         for (name, s) in [
             ("Fetch-and-Add", &self.fetch_add_us),
             ("Compare-and-Swap", &self.cmp_swap_us),
             ("lock hold time", &self.hold_us),
         ] {
             if let Some(s) = s {
-                let _ = writeln!(out, "--- {name} (full latency, not halved) ---");
-                let _ = writeln!(out, "{}", stats::TABLE_HEADER);
-                let _ = writeln!(out, "{}", stats::table_row(8, s));
+                out.push_str(&stats::table(
+                    &format!("{name} (full latency, not halved)"),
+                    8,
+                    s,
+                ));
             }
         }
         out
@@ -171,18 +166,14 @@ pub fn server(
 ) -> Result<Report, DemoError> {
     let ep = Endpoint::open(opts)?;
     let n = p.clients as usize;
-    let region = MemoryRegion::new(
-        &ep.pd,
-        REGION_LEN as usize,
-        Access {
-            local_write: true,
-            remote_atomic: true,
-            ..Access::default()
-        },
-    )?;
+    let remote = Access {
+        remote_atomic: true,
+        ..Access::default()
+    };
+    let region = ep.exposed_region(REGION_LEN as usize, remote)?;
     let signals = MemoryRegion::new(&ep.pd, 8 * n, Access::LOCAL_WRITE)?;
     let cq = ep.cq(2 * p.clients + 4)?;
-    let mut comp = Completions::new(std::rc::Rc::clone(&cq), ep.mode, ep.timeout)?.passive();
+    let mut comp = ep.completions(std::rc::Rc::clone(&cq))?.passive();
     let buffer = RemoteBuf {
         addr: region.addr(0),
         rkey: region.rkey(),
@@ -191,22 +182,7 @@ pub fn server(
     // Declared after the regions: dropped before them.
     let mut qps = Vec::with_capacity(n);
     for k in 0..n {
-        let qp = QueuePair::new_rc(
-            &ep.pd,
-            &cq,
-            &cq,
-            QpCaps {
-                max_send_wr: 1,
-                max_recv_wr: 1,
-            },
-        )?;
-        qp.to_init(
-            ep.port,
-            Access {
-                remote_atomic: true,
-                ..Access::default()
-            },
-        )?;
+        let qp = ep.init_qp(&cq, 1, 1, remote)?;
         qp.post_recv(k as u64, &signals, 8 * k, 8)?;
         let psn = random_psn();
         let id = k as u32 + 1;
@@ -229,12 +205,9 @@ pub fn server(
                     .filter(|&k| !done[k])
                     .map(|k| (k + 1).to_string())
                     .collect();
-                return Err(CompletionError::Timeout {
-                    what: format!("client(s) {} to finish", missing.join(", ")),
-                    mode: ep.mode,
-                    timeout: opts.timeout,
-                }
-                .into());
+                return Err(comp
+                    .timed_out(format!("client(s) {} to finish", missing.join(", ")))
+                    .into());
             }
             last = now;
             continue;
@@ -280,20 +253,16 @@ pub fn server(
         0,
         u64::from(p.clients),
     );
-    let mut notes = ep.notes.clone();
-    notes.push(format!(
+    let mut run = Run::new("server", &ep, p.iterations, totals);
+    run.notes.push(format!(
         "server: {} client(s); 24 bytes at {:#x} rkey {:#x} (REMOTE_ATOMIC only)",
         p.clients, buffer.addr, buffer.rkey
     ));
     drop(qps);
     Ok(Report {
-        role: "server",
-        device: ep.device.clone(),
-        mode: ep.mode,
-        iterations: p.iterations,
+        run,
         client_id: None,
         repeat: p.repeat,
-        totals,
         final_counter: Some(counter),
         expected_counter: Some(expected),
         final_lock: Some(lock),
@@ -304,7 +273,6 @@ pub fn server(
         fetch_add_us: None,
         cmp_swap_us: None,
         last_fetched: None,
-        notes,
     })
 }
 
@@ -319,17 +287,8 @@ pub fn client(
     // [atomic result | final message], local only.
     let local = MemoryRegion::new(&ep.pd, 16, Access::LOCAL_WRITE)?;
     let cq = ep.cq(4)?;
-    let qp = QueuePair::new_rc(
-        &ep.pd,
-        &cq,
-        &cq,
-        QpCaps {
-            max_send_wr: 2,
-            max_recv_wr: 1,
-        },
-    )?;
-    qp.to_init(ep.port, Access::default())?;
-    let mut comp = Completions::new(cq, ep.mode, ep.timeout)?;
+    let qp = ep.init_qp(&cq, 2, 1, Access::default())?;
+    let mut comp = ep.completions(cq)?;
     let psn = random_psn();
     let ours = ep.local_info(Demo::Atomic, &qp, psn, p.iterations, 8, 0, None);
     let peer = exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)?;
@@ -350,15 +309,12 @@ pub fn client(
     let _phase = crate::phase::data(opts.fault)?;
     let id64 = u64::from(id);
 
-    let atomic =
-        |comp: &mut Completions, op: SendOp, opcode, what: &str| -> Result<(u64, u64), DemoError> {
-            let t0 = Instant::now();
-            qp.post_send(WR_ATOMIC, op, &local, 0, 8, true)?;
-            let what = || format!("client {id}: {what}");
-            let wc = comp.next(&what)?;
-            expect(wc, opcode, &what)?;
-            Ok((local.read_u64(0), t0.elapsed().as_nanos() as u64))
-        };
+    // The old value and the time from post to completion.
+    let atomic = |comp: &mut Completions, op, what: &str| -> Result<(u64, u64), DemoError> {
+        let what = || format!("client {id}: {what}");
+        let t = post_and_wait(comp, &qp, WR_ATOMIC, op, &local, 0, 8, &what)?;
+        Ok((local.read_u64(0), t))
+    };
     let fadd = |remote_off, add| SendOp::FetchAdd {
         remote: remote.at(remote_off),
         add,
@@ -383,12 +339,7 @@ pub fn client(
         while done < p.iterations {
             match repeat {
                 Repeat::Faa => {
-                    let (old, t) = atomic(
-                        &mut comp,
-                        fadd(COUNTER, id64),
-                        WcOpcode::FetchAdd,
-                        "FADD counter",
-                    )?;
+                    let (old, t) = atomic(&mut comp, fadd(COUNTER, id64), "FADD counter")?;
                     fadds.push(t);
                     // Every add since our last one (ours included) made the counter grow.
                     if done > 0 && old < seen + id64 {
@@ -405,7 +356,7 @@ pub fn client(
                         compare: seen,
                         swap: seen + id64,
                     };
-                    let (old, t) = atomic(&mut comp, swap, WcOpcode::CompSwap, "CAS counter")?;
+                    let (old, t) = atomic(&mut comp, swap, "CAS counter")?;
                     cass.push(t);
                     attempts += 1;
                     if old == seen {
@@ -417,12 +368,11 @@ pub fn client(
                         retries += 1;
                         seen = old;
                         if Instant::now() > deadline {
-                            return Err(CompletionError::Timeout {
-                                what: format!("client {id}: a CAS of the counter that succeeds"),
-                                mode: ep.mode,
-                                timeout: opts.timeout,
-                            }
-                            .into());
+                            return Err(comp
+                                .timed_out(format!(
+                                    "client {id}: a CAS of the counter that succeeds"
+                                ))
+                                .into());
                         }
                     }
                 }
@@ -431,22 +381,12 @@ pub fn client(
         }
     } else {
         for round in 0..p.iterations {
-            let (old, t) = atomic(
-                &mut comp,
-                fadd(COUNTER, id64),
-                WcOpcode::FetchAdd,
-                "FADD counter",
-            )?;
+            let (old, t) = atomic(&mut comp, fadd(COUNTER, id64), "FADD counter")?;
             fadds.push(t);
             last_fetched = old;
             let deadline = Instant::now() + opts.timeout;
             loop {
-                let (old, t) = atomic(
-                    &mut comp,
-                    cas(0, id64),
-                    WcOpcode::CompSwap,
-                    "CAS lock 0 -> id",
-                )?;
+                let (old, t) = atomic(&mut comp, cas(0, id64), "CAS lock 0 -> id")?;
                 cass.push(t);
                 attempts += 1;
                 if old == 0 {
@@ -459,43 +399,25 @@ pub fn client(
                 }
                 retries += 1;
                 if Instant::now() > deadline {
-                    return Err(CompletionError::Timeout {
-                        what: format!("client {id}: the lock (held by client {old})"),
-                        mode: ep.mode,
-                        timeout: opts.timeout,
-                    }
-                    .into());
+                    return Err(comp
+                        .timed_out(format!("client {id}: the lock (held by client {old})"))
+                        .into());
                 }
             }
             let acquired = Instant::now();
-            let (inside, _) = atomic(
-                &mut comp,
-                fadd(INSIDE, 1),
-                WcOpcode::FetchAdd,
-                "FADD inside +1",
-            )?;
+            let (inside, _) = atomic(&mut comp, fadd(INSIDE, 1), "FADD inside +1")?;
             if inside != 0 {
                 return Err(DemoError::Verify(format!(
                     "client {id} round {round}: {inside} other holder(s) inside the critical section"
                 )));
             }
-            let (inside, _) = atomic(
-                &mut comp,
-                fadd(INSIDE, u64::MAX),
-                WcOpcode::FetchAdd,
-                "FADD inside -1",
-            )?;
+            let (inside, _) = atomic(&mut comp, fadd(INSIDE, u64::MAX), "FADD inside -1")?;
             if inside != 1 {
                 return Err(DemoError::Verify(format!(
                     "client {id} round {round}: {inside} holders inside on leaving, want 1"
                 )));
             }
-            let (old, t) = atomic(
-                &mut comp,
-                cas(id64, 0),
-                WcOpcode::CompSwap,
-                "CAS lock id -> 0",
-            )?;
+            let (old, t) = atomic(&mut comp, cas(id64, 0), "CAS lock id -> 0")?;
             cass.push(t);
             holds.push(acquired.elapsed().as_nanos() as u64);
             if old != id64 {
@@ -507,10 +429,8 @@ pub fn client(
     }
     let total = start.elapsed();
     local.write_u64(8, u64::from(p.iterations));
-    qp.post_send(WR_DONE, SendOp::Send, &local, 8, 8, true)?;
     let what = || format!("client {id}: the final SEND");
-    let wc = comp.next(&what)?;
-    expect(wc, WcOpcode::Send, &what)?;
+    post_and_wait(&mut comp, &qp, WR_DONE, SendOp::Send, &local, 8, 8, &what)?;
     // The lock rounds add two FADDs of `inside` per round, which are not timed.
     let untimed = if p.repeat.is_some() { 0 } else { 2 };
     // Fetch-and-Add alone makes no CAS attempt.
@@ -524,13 +444,9 @@ pub fn client(
         ops,
     );
     Ok(Report {
-        role: "client",
-        device: ep.device.clone(),
-        mode: ep.mode,
-        iterations: p.iterations,
+        run: Run::new("client", &ep, p.iterations, totals),
         client_id: Some(id),
         repeat: p.repeat,
-        totals,
         final_counter: None,
         expected_counter: None,
         final_lock: None,
@@ -542,7 +458,6 @@ pub fn client(
         cmp_swap_us: stats::summarize(&cass),
         // A CAS-only client makes no Fetch-and-Add.
         last_fetched: (p.repeat != Some(Repeat::Cas)).then_some(last_fetched),
-        notes: ep.notes.clone(),
     })
 }
 

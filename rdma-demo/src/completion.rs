@@ -13,7 +13,9 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::exchange::secs;
-use crate::verbs::{CompletionQueue, VerbsError, WcOpcode, WorkCompletion};
+use crate::verbs::{
+    CompletionQueue, MemoryRegion, QueuePair, SendOp, VerbsError, WcOpcode, WorkCompletion,
+};
 
 /// How to wait for completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
@@ -23,6 +25,16 @@ pub enum Mode {
     Poll,
     /// Completion channel events
     Event,
+}
+
+impl Mode {
+    /// `poll` or `event`, as the flag and the JSON spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Poll => "poll",
+            Mode::Event => "event",
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +121,15 @@ impl Completions {
 
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The error of a wait for `what` that took longer than this timeout.
+    pub fn timed_out(&self, what: String) -> CompletionError {
+        CompletionError::Timeout {
+            what,
+            mode: self.mode,
+            timeout: self.timeout,
+        }
     }
 
     /// Total time spent waiting in [`next`](Self::next).
@@ -240,11 +261,37 @@ pub fn expect(
 ) -> Result<WorkCompletion, CompletionError> {
     let wc = check_status(wc, what)?;
     if wc.opcode != opcode {
-        return Err(CompletionError::Unexpected {
-            what: what(),
-            opcode: wc.opcode,
-            wr_id: wc.wr_id,
-        });
+        return Err(unexpected(&wc, what));
     }
     Ok(wc)
+}
+
+/// The error of a successful completion that is not the one awaited.
+pub fn unexpected(wc: &WorkCompletion, what: &dyn Fn() -> String) -> CompletionError {
+    CompletionError::Unexpected {
+        what: what(),
+        opcode: wc.opcode,
+        wr_id: wc.wr_id,
+    }
+}
+
+/// Posts one signaled request (`op` on `len` bytes of `mr` at `offset`), waits for its
+/// completion and checks it (a success, of `op`'s kind); returns the time from the post to the
+/// completion in nanoseconds.
+#[allow(clippy::too_many_arguments)]
+pub fn post_and_wait(
+    comp: &mut Completions,
+    qp: &QueuePair,
+    wr_id: u64,
+    op: SendOp,
+    mr: &MemoryRegion,
+    offset: usize,
+    len: u32,
+    what: &dyn Fn() -> String,
+) -> Result<u64, CompletionError> {
+    let t0 = Instant::now();
+    qp.post_send(wr_id, op, mr, offset, len, true)?;
+    let wc = comp.next(what)?;
+    expect(wc, op.completion(), what)?;
+    Ok(t0.elapsed().as_nanos() as u64)
 }

@@ -4,13 +4,13 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::completion::Mode;
+use crate::completion::{Completions, Mode};
 use crate::devices::{DevicesError, device_list};
 use crate::error::DemoError;
 use crate::exchange::{ConnInfo, Demo, RemoteBuf};
 use crate::verbs::{
-    CompletionChannel, CompletionQueue, Context, Gid, LinkLayer, Mtu, PathParams, PortState,
-    ProtectionDomain, QueuePair,
+    Access, CompletionChannel, CompletionQueue, Context, Gid, LinkLayer, MemoryRegion, Mtu,
+    PathParams, PortState, ProtectionDomain, QpCaps, QueuePair,
 };
 
 /// Where and how to open an endpoint.
@@ -194,6 +194,39 @@ impl Endpoint {
             Mode::Poll => None,
         };
         Ok(CompletionQueue::new(&self.ctx, depth, channel.as_ref())?)
+    }
+
+    /// The completions of `cq`, waited for in this endpoint's mode and within its timeout.
+    pub fn completions(&self, cq: Rc<CompletionQueue>) -> Result<Completions, DemoError> {
+        Ok(Completions::new(cq, self.mode, self.timeout)?)
+    }
+
+    /// An RC QP that sends and receives on `cq` (at most `send_wr` and `recv_wr` requests
+    /// queued), moved to INIT with the rights `remote` gives the peer.
+    pub fn init_qp(
+        &self,
+        cq: &Rc<CompletionQueue>,
+        send_wr: u32,
+        recv_wr: u32,
+        remote: Access,
+    ) -> Result<QueuePair, DemoError> {
+        let caps = QpCaps {
+            max_send_wr: send_wr,
+            max_recv_wr: recv_wr,
+        };
+        let qp = QueuePair::new_rc(&self.pd, cq, cq, caps)?;
+        qp.to_init(self.port, remote)?;
+        Ok(qp)
+    }
+
+    /// A region of `len` bytes the peer may access as `remote` says, with the LOCAL_WRITE the
+    /// verbs require alongside remote write and atomic rights.
+    pub fn exposed_region(&self, len: usize, remote: Access) -> Result<MemoryRegion, DemoError> {
+        let access = Access {
+            local_write: true,
+            ..remote
+        };
+        Ok(MemoryRegion::new(&self.pd, len, access)?)
     }
 
     pub fn path(&self) -> PathParams {

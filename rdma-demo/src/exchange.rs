@@ -688,6 +688,13 @@ pub fn check_peer(
 mod tests {
     use super::*;
 
+    /// A listener on a free loopback port, and the port.
+    fn local_listener() -> (TcpListener, u16) {
+        let l = listen("127.0.0.1", 0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        (l, port)
+    }
+
     pub(crate) fn sample() -> ConnInfo {
         ConnInfo {
             demo: Demo::WriteRead,
@@ -805,8 +812,7 @@ mod tests {
 
     #[test]
     fn tcp_garbage_and_close() {
-        let l = listen("127.0.0.1", 0).unwrap();
-        let port = l.local_addr().unwrap().port();
+        let (l, port) = local_listener();
         let t = std::thread::spawn(move || {
             let mut c = connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
             c.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
@@ -848,8 +854,7 @@ mod tests {
     /// any per-read timeout, but the message as a whole misses its deadline.
     #[test]
     fn a_slow_drip_peer_misses_the_deadline_of_the_whole_message() {
-        let l = listen("127.0.0.1", 0).unwrap();
-        let port = l.local_addr().unwrap().port();
+        let (l, port) = local_listener();
         let t = std::thread::spawn(move || {
             let mut c = connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
             for b in encode(&sample()) {
@@ -876,8 +881,7 @@ mod tests {
 
     #[test]
     fn a_port_in_use_is_a_connection_error_with_a_hint() {
-        let l = listen("127.0.0.1", 0).unwrap();
-        let port = l.local_addr().unwrap().port();
+        let (_taken, port) = local_listener();
         let e = listen("127.0.0.1", port).unwrap_err();
         assert!(e.is_connection(), "{e}");
         let text = e.to_string();
@@ -890,8 +894,7 @@ mod tests {
 
     #[test]
     fn connect_refused() {
-        let l = listen("127.0.0.1", 0).unwrap();
-        let port = l.local_addr().unwrap().port();
+        let (l, port) = local_listener();
         drop(l);
         let start = Instant::now();
         let e = connect("127.0.0.1", port, Duration::from_millis(300)).unwrap_err();

@@ -15,6 +15,7 @@ pub mod exchange;
 pub mod limits;
 pub mod phase;
 pub mod pingpong;
+pub mod report;
 pub mod stats;
 pub mod sysfs;
 #[allow(unsafe_code)]

@@ -13,7 +13,7 @@ use rdma_demo::completion::Mode;
 use rdma_demo::devices::{self, DevicesError};
 use rdma_demo::endpoint::{EndpointOptions, Fault};
 use rdma_demo::error::{DemoError, EXIT_CODES_HELP, exit};
-use rdma_demo::exchange;
+use rdma_demo::exchange::{self, SizedParams};
 use rdma_demo::{atomic, limits, pingpong, write_pingpong, write_read};
 
 #[derive(Debug, Parser)]
@@ -256,34 +256,28 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Devices(args) => run_devices(&args),
-        Command::Pingpong(a) => {
-            let p = pingpong::Params {
+        Command::Pingpong(a) => run_sized(
+            &a.common,
+            "pingpong",
+            SizedParams {
                 iterations: a.iterations,
                 size: a.size,
-            };
-            run_demo(
-                &a.common,
-                "pingpong",
-                serde_json::json!({ "iterations": p.iterations, "size": p.size }),
-                |o, host, port| pingpong::client(o, host, port, p).map(|r| vec![r]),
-                move |o, l| pingpong::server(o, l, p).map(|r| vec![r]),
-                pingpong::Report::render,
-            )
-        }
-        Command::WriteRead(a) => {
-            let p = write_read::Params {
+            },
+            pingpong::client,
+            pingpong::server,
+            pingpong::Report::render,
+        ),
+        Command::WriteRead(a) => run_sized(
+            &a.common,
+            "write-read",
+            SizedParams {
                 iterations: a.iterations,
                 size: a.size,
-            };
-            run_demo(
-                &a.common,
-                "write-read",
-                serde_json::json!({ "iterations": p.iterations, "size": p.size }),
-                |o, host, port| write_read::client(o, host, port, p).map(|r| vec![r]),
-                move |o, l| write_read::server(o, l, p).map(|r| vec![r]),
-                write_read::Report::render,
-            )
-        }
+            },
+            write_read::client,
+            write_read::server,
+            write_read::Report::render,
+        ),
         Command::WritePingpong(a) if a.common.event || a.common.mode == Mode::Event => {
             Err(Failure {
                 code: exit::USAGE,
@@ -292,20 +286,17 @@ fn main() -> ExitCode {
                     .to_string(),
             })
         }
-        Command::WritePingpong(a) => {
-            let p = write_pingpong::Params {
+        Command::WritePingpong(a) => run_sized(
+            &a.common,
+            "write-pingpong",
+            SizedParams {
                 iterations: a.iterations,
                 size: a.size,
-            };
-            run_demo(
-                &a.common,
-                "write-pingpong",
-                serde_json::json!({ "iterations": p.iterations, "size": p.size }),
-                |o, host, port| write_pingpong::client(o, host, port, p).map(|r| vec![r]),
-                move |o, l| write_pingpong::server(o, l, p).map(|r| vec![r]),
-                write_pingpong::Report::render,
-            )
-        }
+            },
+            write_pingpong::client,
+            write_pingpong::server,
+            write_pingpong::Report::render,
+        ),
         Command::Atomic(a) => {
             let p = atomic::Params {
                 iterations: a.iterations,
@@ -490,6 +481,28 @@ where
         .flatten()
         .collect();
     output(c, demo, params, &reports, render)
+}
+
+/// [`run_demo`] for a demo of one client and one server that agree on `iterations` and `size`.
+fn run_sized<R>(
+    c: &CommonArgs,
+    demo: &str,
+    p: SizedParams,
+    client: fn(&EndpointOptions, &str, u16, SizedParams) -> Result<R, DemoError>,
+    server: fn(&EndpointOptions, &TcpListener, SizedParams) -> Result<R, DemoError>,
+    render: fn(&R) -> String,
+) -> Result<(), Failure>
+where
+    R: serde::Serialize + Send + 'static,
+{
+    run_demo(
+        c,
+        demo,
+        serde_json::json!({ "iterations": p.iterations, "size": p.size }),
+        |o, host, port| client(o, host, port, p).map(|r| vec![r]),
+        move |o, l| server(o, l, p).map(|r| vec![r]),
+        render,
+    )
 }
 
 fn completions(shell: clap_complete::Shell) -> Result<(), Failure> {

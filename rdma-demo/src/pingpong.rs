@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::completion::{Completions, Mode, expect};
+use crate::completion::{Completions, check_status, expect, unexpected};
 use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, ConnInfo, Demo};
-use crate::stats::{self, Summary, Totals};
-use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
+use crate::report::Run;
+use crate::stats::{RoundTrips, Totals};
+use crate::verbs::{Access, MemoryRegion, QueuePair, SendOp, WcOpcode, WorkCompletion};
 
 const WR_RECV: u64 = 1;
 const WR_SEND: u64 = 2;
@@ -25,55 +26,39 @@ pub use crate::exchange::SizedParams as Params;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    pub role: &'static str,
-    pub device: String,
+    #[serde(flatten)]
+    pub run: Run,
     pub port: u8,
     pub gid_index: Option<u8>,
     pub mtu: u32,
-    pub mode: Mode,
-    pub iterations: u32,
     pub size: u32,
     pub local_qpn: u32,
     pub remote_qpn: u32,
-    pub totals: Totals,
     /// CQ events taken (event mode).
     pub cq_events: u64,
-    /// Per-iteration round trips (client only).
-    pub round_trip_us: Option<Summary>,
-    /// Half of each round trip, as perftest's `ib_send_lat` reports (client only).
-    pub one_way_us: Option<Summary>,
-    #[serde(skip)]
-    pub notes: Vec<String>,
+    /// Per-iteration round trips and their halves, as perftest's `ib_send_lat` reports (client
+    /// only).
+    #[serde(flatten)]
+    pub latency: RoundTrips,
 }
 
 impl Report {
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        for n in &self.notes {
-            out.push_str(n);
-            out.push('\n');
-        }
-        out.push_str(&format!(
-            "{} {} port {}: QP {:#08x} <-> remote QP {:#08x}, MTU {}, {} B x {} iterations, {} mode\n",
-            self.role,
-            self.device,
+        let run = &self.run;
+        let title = format!(
+            "{} {} port {}: QP {:#08x} <-> remote QP {:#08x}, MTU {}, {} B x {} iterations, {} mode",
+            run.role,
+            run.device,
             self.port,
             self.local_qpn,
             self.remote_qpn,
             self.mtu,
             self.size,
-            self.iterations,
-            format!("{:?}", self.mode).to_lowercase()
-        ));
-        out.push_str(&self.totals.render("round trip per iteration"));
-        if let (Some(one_way), Some(rtt)) = (&self.one_way_us, &self.round_trip_us) {
-            out.push_str(&stats::one_way_and_round_trip(
-                self.size.into(),
-                one_way,
-                rtt,
-                "ib_send_lat",
-            ));
-        }
+            run.iterations,
+            run.mode.name()
+        );
+        let mut out = run.render(&title, "", "round trip per iteration");
+        out.push_str(&self.latency.render(self.size.into(), "ib_send_lat"));
         out
     }
 }
@@ -95,17 +80,8 @@ impl Side {
         let slot = (size as usize).next_multiple_of(64);
         let mr = MemoryRegion::new(&ep.pd, 2 * slot, Access::LOCAL_WRITE)?;
         let cq = ep.cq(16)?;
-        let qp = QueuePair::new_rc(
-            &ep.pd,
-            &cq,
-            &cq,
-            QpCaps {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-            },
-        )?;
-        qp.to_init(ep.port, Access::default())?;
-        let comp = Completions::new(cq, ep.mode, ep.timeout)?;
+        let qp = ep.init_qp(&cq, 4, 4, Access::default())?;
+        let comp = ep.completions(cq)?;
         let side = Side {
             qp,
             mr,
@@ -158,30 +134,30 @@ impl Side {
         self.post_recv()
     }
 
+    /// The next completion, which must have succeeded (either kind: the caller checks which).
+    fn next_successful(&mut self, what: &dyn Fn() -> String) -> Result<WorkCompletion, DemoError> {
+        let wc = self.comp.next(what)?;
+        Ok(check_status(wc, what)?)
+    }
+
     fn report(
         &self,
         role: &'static str,
         p: Params,
         peer: &ConnInfo,
         totals: Totals,
-        rtt: Option<Summary>,
+        latency: RoundTrips,
     ) -> Report {
         Report {
-            role,
-            device: self.ep.device.clone(),
+            run: Run::new(role, &self.ep, p.iterations, totals),
             port: self.ep.port,
             gid_index: self.ep.sgid_index,
             mtu: self.ep.mtu.bytes(),
-            mode: self.ep.mode,
-            iterations: p.iterations,
             size: p.size,
             local_qpn: self.qp.qp_num(),
             remote_qpn: peer.qpn,
-            totals,
             cq_events: self.comp.events(),
-            one_way_us: rtt.map(|s| s.halved()),
-            round_trip_us: rtt,
-            notes: self.ep.notes.clone(),
+            latency,
         }
     }
 }
@@ -207,22 +183,14 @@ pub fn client(
         let (mut sent, mut received) = (false, false);
         while !(sent && received) {
             let what = || format!("iteration {i} of {}", p.iterations);
-            let wc = side.comp.next(&what)?;
-            let wc = crate::completion::check_status(wc, &what)?;
+            let wc = side.next_successful(&what)?;
             match wc.opcode {
                 WcOpcode::Send if !sent => sent = true,
                 WcOpcode::Recv if !received => {
                     side.received(wc.byte_len, !i)?;
                     received = true;
                 }
-                _ => {
-                    return Err(crate::completion::CompletionError::Unexpected {
-                        what: what(),
-                        opcode: wc.opcode,
-                        wr_id: wc.wr_id,
-                    }
-                    .into());
-                }
+                _ => return Err(unexpected(&wc, &what).into()),
             }
         }
         samples.push(t0.elapsed().as_nanos() as u64);
@@ -230,7 +198,7 @@ pub fn client(
     let total = start.elapsed();
     let n = u64::from(p.iterations);
     let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
-    Ok(side.report("client", p, &peer, totals, stats::summarize(&samples)))
+    Ok(side.report("client", p, &peer, totals, RoundTrips::new(&samples)))
 }
 
 /// Server side: accepts one client on `listener`, then answers `iterations` messages.
@@ -252,8 +220,7 @@ pub fn server(
         let mut received = false;
         while !received || send_outstanding {
             let what = || format!("iteration {i} of {}", p.iterations);
-            let wc = side.comp.next(&what)?;
-            let wc = crate::completion::check_status(wc, &what)?;
+            let wc = side.next_successful(&what)?;
             match wc.opcode {
                 WcOpcode::Send if send_outstanding => send_outstanding = false,
                 WcOpcode::Recv if !received => {
@@ -261,14 +228,7 @@ pub fn server(
                     side.received(wc.byte_len, i)?;
                     received = true;
                 }
-                _ => {
-                    return Err(crate::completion::CompletionError::Unexpected {
-                        what: what(),
-                        opcode: wc.opcode,
-                        wr_id: wc.wr_id,
-                    }
-                    .into());
-                }
+                _ => return Err(unexpected(&wc, &what).into()),
             }
         }
         side.send(!i)?;
@@ -280,5 +240,5 @@ pub fn server(
     let total = start.map_or(Duration::ZERO, |s| s.elapsed());
     let n = u64::from(p.iterations);
     let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
-    Ok(side.report("server", p, &peer, totals, None))
+    Ok(side.report("server", p, &peer, totals, RoundTrips::default()))
 }

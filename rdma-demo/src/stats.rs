@@ -68,12 +68,45 @@ pub const TABLE_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec
 /// The one-way table (round trip / 2, as perftest tool `tool` reports it) and the round-trip
 /// table of a ping-pong of `bytes`-byte messages.
 pub fn one_way_and_round_trip(bytes: u64, one_way: &Summary, rtt: &Summary, tool: &str) -> String {
-    format!(
-        "--- one-way latency = round trip / 2 (as {tool}) ---\n{TABLE_HEADER}\n{}\n\
-         --- round trip ---\n{TABLE_HEADER}\n{}\n",
-        table_row(bytes, one_way),
-        table_row(bytes, rtt)
-    )
+    let one_way = table(
+        &format!("one-way latency = round trip / 2 (as {tool})"),
+        bytes,
+        one_way,
+    );
+    one_way + &table("round trip", bytes, rtt)
+}
+
+/// A ping-pong's latencies: each round trip, and half of it as perftest's `*_lat` tools report
+/// one-way latency; both `None` on the side that does not time them (the server).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct RoundTrips {
+    pub round_trip_us: Option<Summary>,
+    pub one_way_us: Option<Summary>,
+}
+
+impl RoundTrips {
+    /// From round-trip samples (nanoseconds).
+    pub fn new(samples_ns: &[u64]) -> Self {
+        let rtt = summarize(samples_ns);
+        RoundTrips {
+            one_way_us: rtt.as_ref().map(Summary::halved),
+            round_trip_us: rtt,
+        }
+    }
+
+    /// The one-way and round-trip tables of `bytes`-byte messages, as perftest tool `tool`
+    /// prints them; nothing without samples.
+    pub fn render(&self, bytes: u64, tool: &str) -> String {
+        match (&self.one_way_us, &self.round_trip_us) {
+            (Some(one_way), Some(rtt)) => one_way_and_round_trip(bytes, one_way, rtt, tool),
+            _ => String::new(),
+        }
+    }
+}
+
+/// A titled perftest table of one row: `--- {title} ---`, the header and the row.
+pub fn table(title: &str, bytes: u64, s: &Summary) -> String {
+    format!("--- {title} ---\n{TABLE_HEADER}\n{}\n", table_row(bytes, s))
 }
 
 /// One perftest row.

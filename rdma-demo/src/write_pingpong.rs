@@ -12,7 +12,6 @@
 //! so there is no event mode (`rdma-demo write-pingpong` refuses `--mode event`). The WRITEs are signaled; their completions are collected while
 //! polling, off the timed path.
 
-use std::fmt::Write as _;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -22,8 +21,9 @@ use crate::completion::{CompletionError, Completions, Mode, expect};
 use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, ConnInfo, Demo, ExchangeError, RemoteBuf};
-use crate::stats::{self, Summary, Totals};
-use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
+use crate::report::Run;
+use crate::stats::{RoundTrips, Totals};
+use crate::verbs::{Access, MemoryRegion, QueuePair, SendOp, WcOpcode};
 
 const WR_WRITE: u64 = 1;
 /// WRITEs in flight at most (the send queue's depth).
@@ -47,40 +47,24 @@ pub fn pattern(i: usize, from_server: bool) -> u8 {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    pub role: &'static str,
-    pub device: String,
-    pub mode: Mode,
-    pub iterations: u32,
+    #[serde(flatten)]
+    pub run: Run,
     pub size: u32,
-    pub totals: Totals,
-    /// WRITE round trips, post to the reply in memory (client).
-    pub round_trip_us: Option<Summary>,
-    /// Half of each round trip, as `ib_write_lat` reports (client).
-    pub one_way_us: Option<Summary>,
-    #[serde(skip)]
-    pub notes: Vec<String>,
+    /// WRITE round trips, post to the reply in memory, and their halves, as `ib_write_lat`
+    /// reports (client).
+    #[serde(flatten)]
+    pub latency: RoundTrips,
 }
 
 impl Report {
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        for n in &self.notes {
-            let _ = writeln!(out, "{n}");
-        }
-        let _ = writeln!(
-            out,
+        let run = &self.run;
+        let title = format!(
             "{} {}: RDMA WRITE ping-pong, {} B x {} iterations, memory polling",
-            self.role, self.device, self.size, self.iterations
+            run.role, run.device, self.size, run.iterations
         );
-        out.push_str(&self.totals.render("round trip per iteration"));
-        if let (Some(one_way), Some(rtt)) = (&self.one_way_us, &self.round_trip_us) {
-            out.push_str(&stats::one_way_and_round_trip(
-                self.size.into(),
-                one_way,
-                rtt,
-                "ib_write_lat",
-            ));
-        }
+        let mut out = run.render(&title, "", "round trip per iteration");
+        out.push_str(&self.latency.render(self.size.into(), "ib_write_lat"));
         out
     }
 }
@@ -100,35 +84,16 @@ struct Side {
 impl Side {
     fn new(ep: &Endpoint, p: Params, server: bool) -> Result<(Self, u32), DemoError> {
         let size = p.size as usize;
-        let inbox = MemoryRegion::new(
-            &ep.pd,
-            size,
-            Access {
-                local_write: true,
-                remote_write: true,
-                ..Access::default()
-            },
-        )?;
+        let remote = Access {
+            remote_write: true,
+            ..Access::default()
+        };
+        let inbox = ep.exposed_region(size, remote)?;
         let outbox = MemoryRegion::new(&ep.pd, size, Access::LOCAL_WRITE)?;
         outbox.fill(0, seq_offset(&p), |i| pattern(i, server));
         let cq = ep.cq(SEND_DEPTH * 2)?;
-        let qp = QueuePair::new_rc(
-            &ep.pd,
-            &cq,
-            &cq,
-            QpCaps {
-                max_send_wr: SEND_DEPTH,
-                max_recv_wr: 1,
-            },
-        )?;
-        qp.to_init(
-            ep.port,
-            Access {
-                remote_write: true,
-                ..Access::default()
-            },
-        )?;
-        let comp = Completions::new(cq, ep.mode, ep.timeout)?;
+        let qp = ep.init_qp(&cq, SEND_DEPTH, 1, remote)?;
+        let comp = ep.completions(cq)?;
         Ok((
             Side {
                 qp,
@@ -281,23 +246,18 @@ pub fn server(
     let total = start.elapsed();
     side.check(u64::from(p.iterations), false)?;
     let n = u64::from(p.iterations);
-    let mut notes = ep.notes.clone();
-    notes.push(format!(
+    let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
+    let mut run = Run::new("server", &ep, p.iterations, totals);
+    run.notes.push(format!(
         "server: {} bytes at {:#x} rkey {:#x} (REMOTE_WRITE) for the client's messages",
         p.size,
         side.inbox.addr(0),
         side.inbox.rkey()
     ));
     Ok(Report {
-        role: "server",
-        device: ep.device.clone(),
-        mode: ep.mode,
-        iterations: p.iterations,
+        run,
         size: p.size,
-        totals: Totals::new(total, n, side.comp.wait_time(), n, n),
-        round_trip_us: None,
-        one_way_us: None,
-        notes,
+        latency: RoundTrips::default(),
     })
 }
 
@@ -327,17 +287,11 @@ pub fn client(
     side.drain()?;
     side.check(u64::from(p.iterations), true)?;
     let n = u64::from(p.iterations);
-    let rtt = stats::summarize(&rtts);
+    let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
     Ok(Report {
-        role: "client",
-        device: ep.device.clone(),
-        mode: ep.mode,
-        iterations: p.iterations,
+        run: Run::new("client", &ep, p.iterations, totals),
         size: p.size,
-        totals: Totals::new(total, n, side.comp.wait_time(), n, n),
-        one_way_us: rtt.as_ref().map(Summary::halved),
-        round_trip_us: rtt,
-        notes: ep.notes.clone(),
+        latency: RoundTrips::new(&rtts),
     })
 }
 

@@ -13,12 +13,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::completion::{Completions, Mode, expect};
+use crate::completion::{expect, post_and_wait};
 use crate::endpoint::{Endpoint, EndpointOptions, Fault, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
+use crate::report::Run;
 use crate::stats::{self, Summary, Totals};
-use crate::verbs::{Access, MemoryRegion, QpCaps, QueuePair, SendOp, WcOpcode};
+use crate::verbs::{Access, MemoryRegion, SendOp, WcOpcode};
 
 const WR_RECV: u64 = 1;
 const WR_WRITE: u64 = 2;
@@ -40,12 +41,9 @@ pub fn client_pattern(n: u32, i: usize) -> u8 {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    pub role: &'static str,
-    pub device: String,
-    pub mode: Mode,
-    pub iterations: u32,
+    #[serde(flatten)]
+    pub run: Run,
     pub size: u32,
-    pub totals: Totals,
     /// The first bytes read from the server before writing (client).
     pub first_read: Option<String>,
     /// Latency of each RDMA WRITE, post to completion (client).
@@ -53,41 +51,35 @@ pub struct Report {
     /// Latency of each RDMA READ, post to completion (client).
     pub read_us: Option<Summary>,
     pub bytes_verified: u64,
-    #[serde(skip)]
-    pub notes: Vec<String>,
 }
 
 impl Report {
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        for n in &self.notes {
-            let _ = writeln!(out, "{n}");
-        }
-        let _ = writeln!(
-            out,
+        let run = &self.run;
+        let title = format!(
             "{} {}: RDMA WRITE/READ, {} B x {} iterations, {} mode",
-            self.role,
-            self.device,
+            run.role,
+            run.device,
             self.size,
-            self.iterations,
-            format!("{:?}", self.mode).to_lowercase()
+            run.iterations,
+            run.mode.name()
         );
+        let mut details = String::new();
         if let Some(first) = &self.first_read {
             let _ = writeln!(
-                out,
+                details,
                 "read from the server: {first} ... (its initial pattern: verified)"
             );
         }
-        let _ = writeln!(out, "bytes verified: {}", self.bytes_verified);
-        out.push_str(&self.totals.render("one WRITE + one READ per iteration"));
+        let _ = writeln!(details, "bytes verified: {}", self.bytes_verified);
+        let mut out = run.render(&title, &details, "one WRITE + one READ per iteration");
         for (name, s) in [("RDMA WRITE", &self.write_us), ("RDMA READ", &self.read_us)] {
             if let Some(s) = s {
-                let _ = writeln!(
-                    out,
-                    "--- {name} latency, post to completion (full, not halved) ---"
-                );
-                let _ = writeln!(out, "{}", stats::TABLE_HEADER);
-                let _ = writeln!(out, "{}", stats::table_row(self.size.into(), s));
+                out.push_str(&stats::table(
+                    &format!("{name} latency, post to completion (full, not halved)"),
+                    self.size.into(),
+                    s,
+                ));
             }
         }
         out
@@ -102,39 +94,18 @@ pub fn server(
 ) -> Result<Report, DemoError> {
     let ep = Endpoint::open(opts)?;
     let size = p.size as usize;
-    let demo = MemoryRegion::new(
-        &ep.pd,
-        size,
-        Access {
-            local_write: true,
-            remote_read: true,
-            remote_write: true,
-            remote_atomic: false,
-        },
-    )?;
+    let remote = Access {
+        remote_read: true,
+        remote_write: true,
+        ..Access::default()
+    };
+    let demo = ep.exposed_region(size, remote)?;
     demo.fill(0, size, server_pattern);
     let signal = MemoryRegion::new(&ep.pd, 8, Access::LOCAL_WRITE)?;
     let cq = ep.cq(4)?;
-    let qp = QueuePair::new_rc(
-        &ep.pd,
-        &cq,
-        &cq,
-        QpCaps {
-            max_send_wr: 1,
-            max_recv_wr: 1,
-        },
-    )?;
-    qp.to_init(
-        ep.port,
-        Access {
-            local_write: false,
-            remote_read: true,
-            remote_write: true,
-            remote_atomic: false,
-        },
-    )?;
+    let qp = ep.init_qp(&cq, 1, 1, remote)?;
     qp.post_recv(WR_RECV, &signal, 0, 8)?;
-    let mut comp = Completions::new(cq, ep.mode, ep.timeout)?.passive();
+    let mut comp = ep.completions(cq)?.passive();
     let psn = random_psn();
     let buffer = RemoteBuf {
         addr: demo.addr(0),
@@ -165,12 +136,9 @@ pub fn server(
         let mut now = vec![0u8; last.len()];
         demo.read(0, &mut now);
         if now == last {
-            return Err(crate::completion::CompletionError::Timeout {
-                what: "the client's final message (and its buffer did not change)".into(),
-                mode: ep.mode,
-                timeout: opts.timeout,
-            }
-            .into());
+            return Err(comp
+                .timed_out("the client's final message (and its buffer did not change)".to_string())
+                .into());
         }
         last = now;
     };
@@ -200,23 +168,18 @@ pub fn server(
         0,
         1,
     );
-    let mut notes = ep.notes.clone();
-    notes.push(format!(
+    let mut run = Run::new("server", &ep, p.iterations, totals);
+    run.notes.push(format!(
         "server: exposed {size} bytes at {:#x} rkey {:#x} (REMOTE_READ|REMOTE_WRITE); its CPU only waited for the final SEND",
         buffer.addr, buffer.rkey
     ));
     Ok(Report {
-        role: "server",
-        device: ep.device.clone(),
-        mode: ep.mode,
-        iterations: p.iterations,
+        run,
         size: p.size,
-        totals,
         first_read: None,
         write_us: None,
         read_us: None,
         bytes_verified: size as u64,
-        notes,
     })
 }
 
@@ -232,17 +195,8 @@ pub fn client(
     // [write source | read destination], both local only.
     let local = MemoryRegion::new(&ep.pd, 2 * size, Access::LOCAL_WRITE)?;
     let cq = ep.cq(4)?;
-    let qp = QueuePair::new_rc(
-        &ep.pd,
-        &cq,
-        &cq,
-        QpCaps {
-            max_send_wr: 2,
-            max_recv_wr: 1,
-        },
-    )?;
-    qp.to_init(ep.port, Access::default())?;
-    let mut comp = Completions::new(cq, ep.mode, ep.timeout)?;
+    let qp = ep.init_qp(&cq, 2, 1, Access::default())?;
+    let mut comp = ep.completions(cq)?;
     let psn = random_psn();
     let ours = ep.local_info(Demo::WriteRead, &qp, psn, p.iterations, p.size, 0, None);
     let peer = exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)?;
@@ -266,26 +220,15 @@ pub fn client(
     ep.connect(&qp, psn, &peer)?;
     let _phase = crate::phase::data(opts.fault)?;
 
-    let op =
-        |comp: &mut Completions, wr_id, sop, off, opcode, what: &str| -> Result<u64, DemoError> {
-            let t0 = Instant::now();
-            qp.post_send(wr_id, sop, &local, off, p.size, true)?;
-            let what = || what.to_string();
-            let wc = comp.next(&what)?;
-            expect(wc, opcode, &what)?;
-            Ok(t0.elapsed().as_nanos() as u64)
-        };
+    let mut op = |wr_id, sop, off, what: &str| {
+        post_and_wait(&mut comp, &qp, wr_id, sop, &local, off, p.size, &|| {
+            what.to_string()
+        })
+    };
     let start = Instant::now();
     // 1. What does the server hold?
     let read_op = SendOp::RdmaRead(remote.at(0));
-    op(
-        &mut comp,
-        WR_READ,
-        read_op,
-        size,
-        WcOpcode::RdmaRead,
-        "the first RDMA READ",
-    )?;
+    op(WR_READ, read_op, size, "the first RDMA READ")?;
     let mut got = vec![0u8; size];
     local.read(size, &mut got);
     if let Some(i) = (0..size).find(|&i| got[i] != server_pattern(i)) {
@@ -307,22 +250,9 @@ pub fn client(
     for n in 0..p.iterations {
         local.fill(0, size, |i| client_pattern(n, i));
         local.fill(size, size, |_| 0);
-        writes.push(op(
-            &mut comp,
-            WR_WRITE,
-            SendOp::RdmaWrite(remote.at(0)),
-            0,
-            WcOpcode::RdmaWrite,
-            "RDMA WRITE",
-        )?);
-        reads.push(op(
-            &mut comp,
-            WR_READ,
-            read_op,
-            size,
-            WcOpcode::RdmaRead,
-            "RDMA READ",
-        )?);
+        let write_op = SendOp::RdmaWrite(remote.at(0));
+        writes.push(op(WR_WRITE, write_op, 0, "RDMA WRITE")?);
+        reads.push(op(WR_READ, read_op, size, "RDMA READ")?);
         local.read(size, &mut got);
         if let Some(i) = (0..size).find(|&i| got[i] != client_pattern(n, i)) {
             return Err(DemoError::Verify(format!(
@@ -336,10 +266,8 @@ pub fn client(
     let total = start.elapsed();
     // 2. Tell the server we are done: a SEND, since TCP is closed.
     local.write(0, &u64::from(p.iterations).to_le_bytes());
-    qp.post_send(WR_DONE, SendOp::Send, &local, 0, 8, true)?;
     let what = || "the final SEND".to_string();
-    let wc = comp.next(&what)?;
-    expect(wc, WcOpcode::Send, &what)?;
+    post_and_wait(&mut comp, &qp, WR_DONE, SendOp::Send, &local, 0, 8, &what)?;
     let ops = 2 * u64::from(p.iterations) + 1;
     let totals = Totals::new(
         total,
@@ -349,16 +277,11 @@ pub fn client(
         ops,
     );
     Ok(Report {
-        role: "client",
-        device: ep.device.clone(),
-        mode: ep.mode,
-        iterations: p.iterations,
+        run: Run::new("client", &ep, p.iterations, totals),
         size: p.size,
-        totals,
         first_read: Some(first_read),
         write_us: stats::summarize(&writes),
         read_us: stats::summarize(&reads),
         bytes_verified: verified,
-        notes: ep.notes.clone(),
     })
 }

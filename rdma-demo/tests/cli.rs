@@ -18,6 +18,27 @@ fn stderr_lines(out: &Output) -> Vec<String> {
         .collect()
 }
 
+/// Asserts a run ended with exit code `code` and one stderr line; returns that line.
+fn one_error_line(out: &Output, code: i32) -> String {
+    let lines = stderr_lines(out);
+    assert_eq!(out.status.code(), Some(code), "stderr: {lines:?}");
+    assert_eq!(lines.len(), 1, "want one stderr line: {lines:?}");
+    lines.into_iter().next().unwrap()
+}
+
+/// Asserts a run succeeded.
+fn assert_success(out: &Output) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {:?}",
+        stderr_lines(out)
+    );
+}
+
+/// How the one error line of a host without RDMA devices starts.
+const NO_DEVICES: &str = "rdma-demo: no RDMA devices: ";
+
 /// RDMA device names in sysfs; empty if the class directory is missing or empty.
 fn sysfs_devices() -> Vec<String> {
     let Ok(dir) = std::fs::read_dir(Path::new("/sys/class/infiniband")) else {
@@ -41,26 +62,16 @@ fn devices_lists_or_explains_absence() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let devices = sysfs_devices();
     if devices.is_empty() {
-        assert_eq!(out.status.code(), Some(3), "stdout: {stdout}");
-        let lines = stderr_lines(&out);
-        assert_eq!(lines.len(), 1, "want one stderr line: {lines:?}");
+        let line = one_error_line(&out, 3);
+        assert!(line.starts_with(NO_DEVICES), "{line}");
+        assert!(line.contains("/sys/class/infiniband"), "{line}");
         assert!(
-            lines[0].starts_with("rdma-demo: no RDMA devices: "),
-            "{lines:?}"
-        );
-        assert!(lines[0].contains("/sys/class/infiniband"), "{lines:?}");
-        assert!(
-            lines[0].contains("rdma link add rxe0 type rxe netdev"),
-            "{lines:?}"
+            line.contains("rdma link add rxe0 type rxe netdev"),
+            "{line}"
         );
         assert!(stdout.is_empty(), "{stdout}");
     } else {
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "stderr: {:?}",
-            stderr_lines(&out)
-        );
+        assert_success(&out);
         for dev in &devices {
             assert!(
                 stdout.lines().any(|l| l == format!("device {dev}")),
@@ -75,20 +86,10 @@ fn devices_json_lists_or_explains_absence() {
     let out = rdma_demo(&["devices", "--json"]);
     let devices = sysfs_devices();
     if devices.is_empty() {
-        assert_eq!(out.status.code(), Some(3));
-        let lines = stderr_lines(&out);
-        assert_eq!(lines.len(), 1, "{lines:?}");
-        assert!(
-            lines[0].starts_with("rdma-demo: no RDMA devices: "),
-            "{lines:?}"
-        );
+        let line = one_error_line(&out, 3);
+        assert!(line.starts_with(NO_DEVICES), "{line}");
     } else {
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "stderr: {:?}",
-            stderr_lines(&out)
-        );
+        assert_success(&out);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
         let names: Vec<&str> = v["devices"]
             .as_array()
@@ -105,19 +106,14 @@ fn devices_json_lists_or_explains_absence() {
 #[test]
 fn unknown_device_exits_3_with_one_line() {
     let out = rdma_demo(&["devices", "-d", "nosuchdev"]);
-    assert_eq!(out.status.code(), Some(3));
+    let line = one_error_line(&out, 3);
     assert!(out.stdout.is_empty());
-    let lines = stderr_lines(&out);
-    assert_eq!(lines.len(), 1, "{lines:?}");
     if sysfs_devices().is_empty() {
-        assert!(
-            lines[0].starts_with("rdma-demo: no RDMA devices: "),
-            "{lines:?}"
-        );
+        assert!(line.starts_with(NO_DEVICES), "{line}");
     } else {
         assert!(
-            lines[0].starts_with("rdma-demo: no RDMA device named \"nosuchdev\" (available: "),
-            "{lines:?}"
+            line.starts_with("rdma-demo: no RDMA device named \"nosuchdev\" (available: "),
+            "{line}"
         );
     }
 }
@@ -156,13 +152,8 @@ fn demos_without_devices_or_with_bad_flags() {
         assert!(help.contains("[default: 0.0.0.0]"), "{help}");
         if sysfs_devices().is_empty() {
             let out = rdma_demo(&[demo, "-p", "1", "127.0.0.1"]);
-            assert_eq!(out.status.code(), Some(3));
-            let lines = stderr_lines(&out);
-            assert_eq!(lines.len(), 1, "{lines:?}");
-            assert!(
-                lines[0].starts_with("rdma-demo: no RDMA devices: "),
-                "{lines:?}"
-            );
+            let line = one_error_line(&out, 3);
+            assert!(line.starts_with(NO_DEVICES), "{line}");
         }
     }
 }

@@ -348,6 +348,17 @@ fn wait_data_phase(child: &mut Running) {
     );
 }
 
+/// Asserts `out` ended with exit code `code` and one error line; returns that line.
+fn failed_with(out: &Output, code: i32) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    one_error_line(out)
+}
+
 fn one_error_line(out: &Output) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let lines: Vec<&str> = stderr.lines().collect();
@@ -586,8 +597,7 @@ fn one_sided_servers_do_not_spin_in_poll_mode() {
 #[test]
 fn unknown_device_in_a_demo() {
     let out = rdma_demo(&["pingpong", "-d", "nosuchdev", "127.0.0.1", "-p", "1"]);
-    assert_eq!(out.status.code(), Some(3));
-    let line = one_error_line(&out);
+    let line = failed_with(&out, 3);
     assert!(
         line.contains("\"nosuchdev\"") && line.contains("rxe0, rxe1"),
         "{line}"
@@ -598,11 +608,9 @@ fn unknown_device_in_a_demo() {
 fn gid_index_out_of_range_or_empty() {
     let with_gid = |g| rdma_demo(&["pingpong", "-d", "rxe0", "-g", g, "127.0.0.1", "-p", "1"]);
     let out = with_gid("999");
-    assert_eq!(out.status.code(), Some(4));
-    assert!(one_error_line(&out).contains("GID index 999 is out of range"));
+    assert!(failed_with(&out, 4).contains("GID index 999 is out of range"));
     let out = with_gid("200");
-    assert_eq!(out.status.code(), Some(4));
-    assert!(one_error_line(&out).contains("GID index 200 of rxe0 port 1 is empty"));
+    assert!(failed_with(&out, 4).contains("GID index 200 of rxe0 port 1 is empty"));
 }
 
 /// Runs rdma-demo with `args` until it exits; returns its output and the time from when it had
@@ -632,8 +640,7 @@ fn connect_refused_and_accept_timeout() {
         "127.0.0.1",
     ]);
     assert!(took < Duration::from_secs(8), "{took:?}");
-    assert_eq!(out.status.code(), Some(5));
-    assert!(one_error_line(&out).contains("Connection refused"));
+    assert!(failed_with(&out, 5).contains("Connection refused"));
     let (out, took) = time_after_setup(&[
         "pingpong",
         "-s",
@@ -645,8 +652,7 @@ fn connect_refused_and_accept_timeout() {
         "1",
     ]);
     assert!(took < Duration::from_secs(8), "{took:?}");
-    assert_eq!(out.status.code(), Some(5));
-    assert!(one_error_line(&out).contains("no client connected"));
+    assert!(failed_with(&out, 5).contains("no client connected"));
 }
 
 fn connect_retrying(port: u16) -> std::net::TcpStream {
@@ -678,9 +684,8 @@ fn server_fed(port: u16, bytes: &[u8], keep_open: bool) -> (Output, Duration) {
 #[test]
 fn garbage_ends_the_server_with_a_clear_error() {
     let (out, took) = server_fed(18612, b"GET / HTTP/1.0\r\n\r\n", true);
-    assert_eq!(out.status.code(), Some(6));
     assert!(took < Duration::from_secs(4), "{took:?}");
-    let line = one_error_line(&out);
+    let line = failed_with(&out, 6);
     assert!(
         line.contains("malformed message") && line.contains("bad magic"),
         "{line}"
@@ -691,22 +696,17 @@ fn garbage_ends_the_server_with_a_clear_error() {
 fn bad_exchange_messages() {
     // Wrong version, oversized, truncated (then closed), and nothing at all (closed).
     let (out, _) = server_fed(18613, b"RDMO\x00\x07\x00\x3c", true);
-    assert_eq!(out.status.code(), Some(6));
-    assert!(one_error_line(&out).contains("unsupported protocol version 7"));
+    assert!(failed_with(&out, 6).contains("unsupported protocol version 7"));
     let (out, _) = server_fed(18614, b"RDMO\x00\x01\xff\xff", true);
-    assert_eq!(out.status.code(), Some(6));
-    assert!(one_error_line(&out).contains("oversized message"));
+    assert!(failed_with(&out, 6).contains("oversized message"));
     let (out, _) = server_fed(18615, b"RDMO\x00\x01\x00\x3c\x01\x00", false);
-    assert_eq!(out.status.code(), Some(6));
-    assert!(one_error_line(&out).contains("truncated message"));
+    assert!(failed_with(&out, 6).contains("truncated message"));
     let (out, _) = server_fed(18616, b"", false);
-    assert_eq!(out.status.code(), Some(6));
-    assert!(one_error_line(&out).contains("closed the connection during the exchange"));
+    assert!(failed_with(&out, 6).contains("closed the connection during the exchange"));
     // Silent peer: the exchange times out.
     let (out, took) = server_fed(18617, b"RDMO", true);
-    assert_eq!(out.status.code(), Some(6));
     assert!(took < Duration::from_secs(5), "{took:?}");
-    let line = one_error_line(&out);
+    let line = failed_with(&out, 6);
     assert!(
         line.contains("sent 4 of the 68 bytes of its message within 2 s"),
         "{line}"
@@ -739,9 +739,8 @@ fn a_slow_drip_peer_is_cut_off_at_the_deadline_of_the_whole_message() {
     });
     let (out, _) = wait_within(server, Duration::from_secs(10), "server");
     let took = start.elapsed();
-    assert_eq!(out.status.code(), Some(6));
     assert!(took < Duration::from_secs(4), "{took:?}");
-    let line = one_error_line(&out);
+    let line = failed_with(&out, 6);
     assert!(line.contains("bytes of its message within 1 s"), "{line}");
     drip.join().unwrap();
 }
@@ -762,11 +761,9 @@ fn mtu_mismatch_fails_both_sides() {
         "10",
         "127.0.0.1",
     ]);
-    assert_eq!(out.status.code(), Some(6));
-    assert!(one_error_line(&out).contains("MTU mismatch: ours is 1024"));
+    assert!(failed_with(&out, 6).contains("MTU mismatch: ours is 1024"));
     let (s, _) = wait_within(server, Duration::from_secs(10), "server");
-    assert_eq!(s.status.code(), Some(6));
-    assert!(one_error_line(&s).contains("MTU mismatch: ours is 512"));
+    assert!(failed_with(&s, 6).contains("MTU mismatch: ours is 512"));
 }
 
 #[test]
@@ -859,8 +856,7 @@ fn with_fault(demo: &str, fault: &str) -> Output {
 #[test]
 fn remote_access_error_is_reported() {
     let out = with_fault("write-read", "bad-rkey");
-    assert_eq!(out.status.code(), Some(8));
-    let line = one_error_line(&out);
+    let line = failed_with(&out, 8);
     assert!(
         line.contains(
             "client: the first RDMA READ: work completion with error status \"remote access error\""
@@ -872,8 +868,7 @@ fn remote_access_error_is_reported() {
 #[test]
 fn failed_qp_transition_names_it_and_the_errno() {
     let out = with_fault("pingpong", "bad-sgid");
-    assert_eq!(out.status.code(), Some(1));
-    let line = one_error_line(&out);
+    let line = failed_with(&out, 1);
     assert!(line.contains("ibv_modify_qp(INIT->RTR)"), "{line}");
     assert!(line.contains("(os error "), "{line}");
 }
@@ -914,8 +909,7 @@ fn port_not_active() {
         std::thread::sleep(Duration::from_millis(100));
         out = client();
     }
-    assert_eq!(out.status.code(), Some(4));
-    let line = one_error_line(&out);
+    let line = failed_with(&out, 4);
     assert!(
         line.contains("rxe1 port 1 is PORT_DOWN, not PORT_ACTIVE"),
         "{line}"

@@ -12,7 +12,7 @@ use rdma_sys::{
 };
 
 use super::attr::Mtu;
-use super::cq::CompletionQueue;
+use super::cq::{CompletionQueue, WcOpcode};
 use super::gid::Gid;
 use super::pd::{Access, MemoryRegion, ProtectionDomain};
 use super::{VerbsError, check_rc, last_os_error};
@@ -77,6 +77,19 @@ pub enum SendOp {
     },
 }
 
+impl SendOp {
+    /// The opcode of the request's completion.
+    pub fn completion(&self) -> WcOpcode {
+        match self {
+            SendOp::Send => WcOpcode::Send,
+            SendOp::RdmaWrite(_) => WcOpcode::RdmaWrite,
+            SendOp::RdmaRead(_) => WcOpcode::RdmaRead,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
+        }
+    }
+}
+
 fn mtu_raw(mtu: Mtu) -> u32 {
     use rdma_sys::ibv_mtu;
     match mtu {
@@ -85,6 +98,17 @@ fn mtu_raw(mtu: Mtu) -> u32 {
         Mtu::Mtu1024 => ibv_mtu::IBV_MTU_1024,
         Mtu::Mtu2048 => ibv_mtu::IBV_MTU_2048,
         Mtu::Mtu4096 => ibv_mtu::IBV_MTU_4096,
+    }
+}
+
+/// The one scatter/gather entry of a work request: `len` bytes of `mr` at `offset` (panics
+/// outside the region).
+fn sge(mr: &MemoryRegion, offset: usize, len: u32) -> ibv_sge {
+    mr.check_range(offset, len as usize);
+    ibv_sge {
+        addr: mr.addr(offset),
+        length: len,
+        lkey: mr.lkey(),
     }
 }
 
@@ -216,12 +240,7 @@ impl QueuePair {
         offset: usize,
         len: u32,
     ) -> Result<(), VerbsError> {
-        mr.check_range(offset, len as usize);
-        let mut sge = ibv_sge {
-            addr: mr.addr(offset),
-            length: len,
-            lkey: mr.lkey(),
-        };
+        let mut sge = sge(mr, offset, len);
         let mut wr = ibv_recv_wr {
             wr_id,
             next: ptr::null_mut(),
@@ -230,7 +249,7 @@ impl QueuePair {
         };
         let mut bad: *mut ibv_recv_wr = ptr::null_mut();
         // SAFETY: the QP is live; `wr` and `sge` are valid for the call (the provider copies
-        // them); the SGE lies inside the registered region (checked above).
+        // them); the SGE lies inside the registered region (`sge` checks it).
         let rc = unsafe { ibv_post_recv(self.raw.as_ptr(), &mut wr, &mut bad) };
         check_rc(rc, "ibv_post_recv", || self.target())
     }
@@ -246,12 +265,7 @@ impl QueuePair {
         len: u32,
         signaled: bool,
     ) -> Result<(), VerbsError> {
-        mr.check_range(offset, len as usize);
-        let mut sge = ibv_sge {
-            addr: mr.addr(offset),
-            length: len,
-            lkey: mr.lkey(),
-        };
+        let mut sge = sge(mr, offset, len);
         // SAFETY: all-zero is a valid ibv_send_wr (NULL pointers, zero unions).
         let mut wr: ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
         wr.wr_id = wr_id;
@@ -301,8 +315,8 @@ impl QueuePair {
         }
         let mut bad: *mut ibv_send_wr = ptr::null_mut();
         // SAFETY: the QP is live; `wr` and `sge` are valid for the call (the provider copies
-        // them); the local SGE lies inside the registered region. Remote addresses are checked
-        // by the peer's adapter against its rkey, not trusted here.
+        // them); the local SGE lies inside the registered region (`sge` checks it). Remote
+        // addresses are checked by the peer's adapter against its rkey, not trusted here.
         let rc = unsafe { ibv_post_send(self.raw.as_ptr(), &mut wr, &mut bad) };
         check_rc(rc, "ibv_post_send", || self.target())
     }
