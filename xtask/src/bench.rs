@@ -380,22 +380,13 @@ pub struct Spread {
 
 /// `None` without figures. The median of an even count is the mean of the middle two.
 pub fn spread(values: &[f64]) -> Option<Spread> {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let median = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
+    let v = stats::sorted_finite(values);
+    let median = stats::median_of_sorted(&v)?;
     Some(Spread {
         median,
         min: v[0],
-        max: v[n - 1],
-        n,
+        max: v[v.len() - 1],
+        n: v.len(),
     })
 }
 
