@@ -207,14 +207,14 @@ fn steady_cpu(dir: &Path, round: u32, v: &str, clk_tck: f64) -> Option<f64> {
 pub fn run(rounds: u32) -> Result<Section> {
     // Within the bench's 15 minutes with the demo bench (about 90 s): a guest that stalls
     // (rxe on 6.1 under TCG has livelocked in rare rounds) gives the rounds it finished.
-    let g = super::run_guest(
+    super::run_bench(
         "trace",
-        &|first| script(first, rounds),
         rounds,
         Duration::from_secs(780),
         true,
-    )?;
-    Ok(report(&g.dir, rounds).cut_short(g.cut_short))
+        script,
+        report,
+    )
 }
 
 /// Median round trip (µs) of the demo's client in one run.
@@ -841,21 +841,12 @@ fn report(dir: &Path, rounds: u32) -> Section {
          after its probe table (all attached), over the window's wall time. The B figure in the \
          table above also holds the phase's start and end (the demo's set-up, reports)."
     );
-    let failed = failed_runs(dir);
-    if !failed.is_empty() {
-        let _ = writeln!(
-            md,
-            "\nRuns that failed (their figures are left out): {}.",
-            failed.join(", ")
-        );
-    }
-    Section {
-        title: "rdma-trace vs bpftrace vs no tracing (`cargo xtask bench trace`)",
-        markdown: md,
-        guest_kernel: fs::read_to_string(dir.join("uname"))
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_default(),
-    }
+    Section::new(
+        "rdma-trace vs bpftrace vs no tracing (`cargo xtask bench trace`)",
+        md,
+        dir,
+        &failed_runs(dir),
+    )
 }
 
 fn label(v: &str) -> &'static str {
@@ -868,19 +859,15 @@ fn label(v: &str) -> &'static str {
     }
 }
 
+/// `r<round>-<what> (status s)` of the runs that failed.
 fn failed_runs(dir: &Path) -> Vec<String> {
-    let text = fs::read_to_string(dir.join("runs.csv")).unwrap_or_default();
-    text.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            let [round, what, status] = f[..] else {
-                return None;
-            };
-            // bpftrace ends with 0 on SIGINT; `timeout` reports 124.
-            (status != "0").then(|| format!("r{round}-{what} (status {status})"))
-        })
-        .collect()
+    super::failed_runs(dir, |f| {
+        let [round, what, status] = *f else {
+            return None;
+        };
+        // bpftrace ends with 0 on SIGINT; `timeout` reports 124.
+        (status != "0").then(|| format!("r{round}-{what} (status {status})"))
+    })
 }
 
 #[cfg(test)]
