@@ -744,44 +744,42 @@ fn report(dir: &Path, rounds: u32) -> Section {
     let startup = |s: &Session| s.startup_s;
     let cpu = |s: &Session| s.cpu_percent;
     let rss = |s: &Session| s.peak_rss_mib;
-    let mm = |v: &str, f: &dyn Fn(&Session) -> Option<f64>, d: usize| {
-        stats::with_ci(
-            stats::median_ci(&per_round(v, f).into_iter().flatten().collect::<Vec<_>>()),
-            d,
-        )
-    };
     let one = |v: &str, f: &dyn Fn(&Session) -> Option<f64>| {
         stats::median_ci(&per_round(v, f).into_iter().flatten().collect::<Vec<_>>())
+    };
+    // A row: the figure's median [CI] with `d` decimals for B, C and D, then its goal.
+    let row = |what: &str, f: &dyn Fn(&Session) -> Option<f64>, d: usize, goal: String| {
+        let mut row = vec![what.to_owned()];
+        row.extend(["B", "C", "D"].map(|v| stats::with_ci(one(v, f), d)));
+        row.push(goal);
+        row
     };
     let su = ratio(&per_round("B", &startup), &per_round("C", &startup));
     let b_cpu = one("B", &cpu);
     let b_rss = one("B", &rss);
     let rows = vec![
-        vec![
-            "start-up: exec → all probes attached, s".into(),
-            mm("B", &startup, 2),
-            mm("C", &startup, 2),
-            mm("D", &startup, 2),
+        row(
+            "start-up: exec → all probes attached, s",
+            &startup,
+            2,
             format!(
                 "B / C = {}: {}",
                 stats::with_ci(su, 3),
                 stats::verdict_text(su, 0.2)
             ),
-        ],
-        vec![
-            "tracer CPU while the demos run (`--no-tui`), % of one core".into(),
-            mm("B", &cpu, 1),
-            mm("C", &cpu, 1),
-            mm("D", &cpu, 1),
+        ),
+        row(
+            "tracer CPU while the demos run (`--no-tui`), % of one core",
+            &cpu,
+            1,
             format!("B: {}", stats::verdict_text(b_cpu, 2.0)),
-        ],
-        vec![
-            "tracer peak RSS (VmHWM), MiB".into(),
-            mm("B", &rss, 1),
-            mm("C", &rss, 1),
-            mm("D", &rss, 1),
+        ),
+        row(
+            "tracer peak RSS (VmHWM), MiB",
+            &rss,
+            1,
             format!("B: {}", stats::verdict_text(b_rss, 25.0)),
-        ],
+        ),
     ];
     goal_row("start-up, rdma-trace / bpftrace (B / C)".into(), su, 0.2, 3);
     let steady = |v: &str| {
