@@ -387,6 +387,21 @@ fn names(phase: &Value, class: &str) -> Vec<String> {
         .collect()
 }
 
+/// Fails the test unless `named` (syscalls) holds each of `all` and one of `any` at least;
+/// `context` (where they come from) goes into the message.
+fn assert_named(named: &[String], all: &[&str], any: &[&str], context: &str) {
+    for want in all {
+        assert!(
+            named.iter().any(|n| n == want),
+            "{want} not named: {named:?}\n{context}"
+        );
+    }
+    assert!(
+        named.iter().any(|n| any.contains(&n.as_str())),
+        "none of {any:?} named: {named:?}\n{context}"
+    );
+}
+
 /// verify passes for `demo` in both modes: no socket call in the data phase, while the
 /// setup phase shows the TCP exchange (so sockets were recognised) and the data phase shows
 /// the demo's RDMA doorbells.
@@ -406,16 +421,12 @@ fn verify_passes(demo: &str, iters: &str) {
         assert_eq!(data["phase"], "data");
         assert_eq!(calls(data, "socket"), 0, "{demo} {mode}: {data}");
         assert_eq!(report["data_phase_clean"], true);
-        let setup_socket = names(setup, "socket");
-        for want in ["socket", "setsockopt"] {
-            assert!(
-                setup_socket.iter().any(|n| n == want),
-                "{demo} {mode}: the TCP exchange was not seen in setup: {setup}"
-            );
-        }
-        assert!(
-            setup_socket.iter().any(|n| n == "write" || n == "sendto"),
-            "{demo} {mode}: no write to the exchange socket in setup: {setup}"
+        // The TCP exchange, and a write to its socket, in setup.
+        assert_named(
+            &names(setup, "socket"),
+            &["socket", "setsockopt"],
+            &["write", "sendto"],
+            &format!("{demo} {mode}: setup {setup}"),
         );
         // rxe: every posted send is a write on the uverbs descriptor.
         assert!(
@@ -453,19 +464,12 @@ fn verify_fails_and_names_the_calls_when_the_data_phase_sends_over_tcp() {
     );
     assert_eq!(code, Some(4), "{text}");
     let data = &report["phases"][1];
-    let offending = names(data, "socket");
-    for want in ["socket", "connect"] {
-        assert!(
-            offending.iter().any(|n| n == want),
-            "{want} not named: {offending:?}\n{text}"
-        );
-    }
     // std's TcpStream::write is send(2), i.e. sendto on x86_64.
-    assert!(
-        offending
-            .iter()
-            .any(|n| ["write", "sendto", "sendmsg"].contains(&n.as_str())),
-        "the data write is not named: {offending:?}"
+    assert_named(
+        &names(data, "socket"),
+        &["socket", "connect"],
+        &["write", "sendto", "sendmsg"],
+        &text,
     );
     assert_eq!(report["data_phase_clean"], false);
     let verdict = text
