@@ -7,7 +7,7 @@ use std::{collections::HashMap, process::Command};
 
 use serde_json::Value;
 
-use super::harness::{kernel_release, rdma_trace};
+use super::harness::{find_by, kernel_release, rdma_trace};
 
 /// Driver roots of the image, by the driver path their rows belong to.
 const ROOTS: [(&str, &str); 4] = [
@@ -207,10 +207,7 @@ fn probes_lists_the_drivers_rows_without_attaching_and_filters_by_driver() {
             .all(|r| r["driver"] == "irdma" && r["check"].is_null())
     );
     // Without the module loaded, the functions' module is named as the reason.
-    let r = rows
-        .iter()
-        .find(|r| r["name"] == "irdma_process_ceq")
-        .unwrap();
+    let r = find_by(rows, "name", "irdma_process_ceq").unwrap();
     if !std::path::Path::new("/sys/module/irdma").exists() {
         assert_eq!(r["skipped"]["kind"], "module_not_loaded", "{r:#}");
     }
