@@ -13,8 +13,8 @@ use std::{
 use serde_json::Value;
 
 use harness::{
-    KillOnDrop, demo_cq_events, loopback_pingpong, probe, rdma_trace, run_json, run_json_with,
-    signal, stderr_until,
+    KillOnDrop, attached, demo_cq_events, find_by, loopback_pingpong, probe, rdma_trace, run_demo,
+    run_json_with, signal, stderr_until,
 };
 
 const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
@@ -236,17 +236,7 @@ fn count(phase: &Value, name: &str) -> u64 {
 #[test]
 fn run_both_modes_between_rxe0_and_rxe1() {
     let iters = 200u64;
-    let run = run_json(
-        &[
-            "run",
-            "--mode",
-            "both",
-            "--no-tui",
-            "-i",
-            &iters.to_string(),
-        ],
-        "run-both",
-    );
+    let run = run_demo("both", iters, &[], "run-both");
     run.assert_success("rdma-trace run");
     let (report, stdout) = (&run.report, &run.stdout);
     assert_eq!(report["server_device"], "rxe0");
@@ -351,10 +341,7 @@ fn run_cleans_up_after_sigterm() {
 #[test]
 fn run_with_unknown_device_names_the_available_ones() {
     let out = rdma_trace(&["run", "--no-tui", "-d", "nosuch0"]);
-    assert_eq!(out.status.code(), Some(3));
-    let stderr = &out.stderr;
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("available: rxe0, rxe1"), "{stderr}");
+    out.assert_fails_in_one_line(3, "available: rxe0, rxe1");
 }
 
 // ---- rdma-trace verify: socket syscalls per phase
@@ -387,6 +374,21 @@ fn names(phase: &Value, class: &str) -> Vec<String> {
         .collect()
 }
 
+/// Fails the test unless `named` (syscalls) holds each of `all` and one of `any` at least;
+/// `context` (where they come from) goes into the message.
+fn assert_named(named: &[String], all: &[&str], any: &[&str], context: &str) {
+    for want in all {
+        assert!(
+            named.iter().any(|n| n == want),
+            "{want} not named: {named:?}\n{context}"
+        );
+    }
+    assert!(
+        named.iter().any(|n| any.contains(&n.as_str())),
+        "none of {any:?} named: {named:?}\n{context}"
+    );
+}
+
 /// verify passes for `demo` in both modes: no socket call in the data phase, while the
 /// setup phase shows the TCP exchange (so sockets were recognised) and the data phase shows
 /// the demo's RDMA doorbells.
@@ -406,16 +408,12 @@ fn verify_passes(demo: &str, iters: &str) {
         assert_eq!(data["phase"], "data");
         assert_eq!(calls(data, "socket"), 0, "{demo} {mode}: {data}");
         assert_eq!(report["data_phase_clean"], true);
-        let setup_socket = names(setup, "socket");
-        for want in ["socket", "setsockopt"] {
-            assert!(
-                setup_socket.iter().any(|n| n == want),
-                "{demo} {mode}: the TCP exchange was not seen in setup: {setup}"
-            );
-        }
-        assert!(
-            setup_socket.iter().any(|n| n == "write" || n == "sendto"),
-            "{demo} {mode}: no write to the exchange socket in setup: {setup}"
+        // The TCP exchange, and a write to its socket, in setup.
+        assert_named(
+            &names(setup, "socket"),
+            &["socket", "setsockopt"],
+            &["write", "sendto"],
+            &format!("{demo} {mode}: setup {setup}"),
         );
         // rxe: every posted send is a write on the uverbs descriptor.
         assert!(
@@ -453,19 +451,12 @@ fn verify_fails_and_names_the_calls_when_the_data_phase_sends_over_tcp() {
     );
     assert_eq!(code, Some(4), "{text}");
     let data = &report["phases"][1];
-    let offending = names(data, "socket");
-    for want in ["socket", "connect"] {
-        assert!(
-            offending.iter().any(|n| n == want),
-            "{want} not named: {offending:?}\n{text}"
-        );
-    }
     // std's TcpStream::write is send(2), i.e. sendto on x86_64.
-    assert!(
-        offending
-            .iter()
-            .any(|n| ["write", "sendto", "sendmsg"].contains(&n.as_str())),
-        "the data write is not named: {offending:?}"
+    assert_named(
+        &names(data, "socket"),
+        &["socket", "connect"],
+        &["write", "sendto", "sendmsg"],
+        &text,
     );
     assert_eq!(report["data_phase_clean"], false);
     let verdict = text
@@ -521,20 +512,12 @@ fn program_targets(probe: &Value) -> (Vec<String>, usize) {
 
 #[test]
 fn run_json_carries_self_overhead_for_every_attached_program() {
-    let run = run_json(
-        &["run", "--mode", "event", "--no-tui", "-i", "200"],
-        "run-overhead",
-    );
+    let run = run_demo("event", 200, &[], "run-overhead");
     run.assert_success("rdma-trace run");
     let phase = &run.report["phases"][0];
     let o = &phase["overhead"];
     let progs = o["programs"].as_array().expect("overhead.programs");
-    let attached: Vec<&Value> = phase["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["attach"].is_string())
-        .collect();
+    let attached: Vec<&Value> = attached(phase).collect();
     assert!(attached.len() >= 8, "{} attached probes", attached.len());
     // The completion waterfall's programs (`wf_*`) share some functions with the probes; they
     // are checked apart, after the probes' own.
@@ -587,24 +570,21 @@ fn run_json_carries_self_overhead_for_every_attached_program() {
         }
     }
     // The waterfall's programs are listed too, with their runs: the handler's and the read's
-    // once per completion event at least.
-    for name in ["wf_handler_entry", "wf_read_return", "wf_sched_switch"] {
-        let p = wf_progs
-            .iter()
-            .find(|p| p["name"] == name)
-            .unwrap_or_else(|| panic!("no waterfall program {name}: {o}"));
-        assert!(p["runs"].as_u64().unwrap() >= 200, "{p}");
-        assert!(p["ns_per_run"].as_f64().unwrap() > 0.0, "{p}");
-    }
-    for target in [
+    // once per completion event at least; and so are these probes' programs.
+    let wf = ["wf_handler_entry", "wf_read_return", "wf_sched_switch"].map(|name| {
+        find_by(wf_progs.iter().copied(), "name", name)
+            .unwrap_or_else(|| panic!("no waterfall program {name}: {o}"))
+    });
+    let on = [
         "ib_uverbs_comp_handler",
         "rxe_cq_post",
         "raw_tp softirq_entry",
-    ] {
-        let p = progs
-            .iter()
-            .find(|p| p["target"] == target)
-            .unwrap_or_else(|| panic!("no program on {target}: {o}"));
+    ]
+    .map(|target| {
+        find_by(progs.iter().copied(), "target", target)
+            .unwrap_or_else(|| panic!("no program on {target}: {o}"))
+    });
+    for p in wf.into_iter().chain(on) {
         assert!(p["runs"].as_u64().unwrap() >= 200, "{p}");
         assert!(p["ns_per_run"].as_f64().unwrap() > 0.0, "{p}");
     }
@@ -752,10 +732,7 @@ fn run_without_devices_uses_a_temporary_soft_roce_device_and_leaves_routing_alon
     let routes = sh("ip route show table all");
     let _restore = RestoreRxe;
     delete_testbed_devices();
-    let run = run_json(
-        &["run", "--mode", "poll", "--no-tui", "-i", "50"],
-        "temp-rxe",
-    );
+    let run = run_demo("poll", 50, &[], "temp-rxe");
     run.assert_success("rdma-trace run");
     let stderr = &run.stderr;
     assert!(
@@ -779,18 +756,7 @@ fn run_without_devices_uses_a_temporary_soft_roce_device_and_leaves_routing_alon
 
 #[test]
 fn uprobes_time_the_demos_blocking_wait_when_asked() {
-    let run = run_json(
-        &[
-            "run",
-            "--mode",
-            "both",
-            "--uprobes",
-            "--no-tui",
-            "-i",
-            "100",
-        ],
-        "uprobes",
-    );
+    let run = run_demo("both", 100, &["--uprobes"], "uprobes");
     run.assert_success("rdma-trace run --uprobes");
     let report = &run.report;
     let (poll, event) = (&report["phases"][0], &report["phases"][1]);
@@ -807,10 +773,7 @@ fn uprobes_time_the_demos_blocking_wait_when_asked() {
     let p = probe(event, "ibv_get_cq_event");
     assert_eq!(p["summary"]["count"], p["count"], "every call timed: {p}");
     // Without the flag the probe says why it is off.
-    let run = run_json(
-        &["run", "--mode", "poll", "--no-tui", "-i", "20"],
-        "no-uprobes",
-    );
+    let run = run_demo("poll", 20, &[], "no-uprobes");
     run.assert_success("rdma-trace run");
     let report = &run.report;
     let skipped = probe(&report["phases"][0], "ibv_get_cq_event")["skipped"]

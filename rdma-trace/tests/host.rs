@@ -50,12 +50,44 @@ fn rdma_trace(args: &[&str]) -> Output {
         .expect("run rdma-trace")
 }
 
-/// The JSON report at `path`, which is then removed.
-fn read_json(path: &std::path::Path) -> serde_json::Value {
-    let report =
-        serde_json::from_slice(&std::fs::read(path).expect("JSON report")).expect("valid JSON");
-    let _ = std::fs::remove_file(path);
-    report
+/// Fails the test, showing `out`'s stderr, unless `what` succeeded.
+fn assert_success(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Fails the test unless `out` exited with `code` and said why in one line of stderr (its
+/// trailing white space aside); returns that stderr.
+fn one_line_failure(out: &Output, code: i32) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    stderr
+}
+
+/// The entry named `name` of the report's list `list` (`vectors`, `softirqs`).
+fn named<'a>(report: &'a serde_json::Value, list: &str, name: &str) -> &'a serde_json::Value {
+    report[list]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {list} in {report}"))
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+/// `rdma-trace ARGS --json <temp_path(name)>` run to its end, and its JSON report when it
+/// wrote one (the file then removed).
+fn rdma_trace_json(args: &[&str], name: &str) -> (Output, Option<serde_json::Value>) {
+    let path = temp_path(name);
+    let out = rdma_trace(&[args, &["--json", path.to_str().unwrap()]].concat());
+    let report = std::fs::read(&path)
+        .ok()
+        .map(|json| serde_json::from_slice(&json).expect("valid JSON"));
+    let _ = std::fs::remove_file(&path);
+    (out, report)
 }
 
 fn temp_path(name: &str) -> PathBuf {
@@ -88,29 +120,15 @@ fn loopback_traffic(d: Duration) -> Load {
 
 #[test]
 fn softirqs_counts_net_rx_under_loopback_traffic() {
-    let json = temp_path("softirqs.json");
     let traffic = loopback_traffic(Duration::from_secs(3));
-    let out = rdma_trace(&[
-        "softirqs",
-        "--duration",
-        "2",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let (out, report) = rdma_trace_json(&["softirqs", "--duration", "2"], "softirqs.json");
     let bytes = traffic.join().expect("traffic thread");
     assert!(bytes > 0, "no loopback traffic was generated");
-    assert!(
-        out.status.success(),
-        "rdma-trace softirqs failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report = read_json(&json);
+    assert_success(&out, "rdma-trace softirqs");
+    let report = report.expect("JSON report");
     let vectors = report["vectors"].as_array().expect("vectors");
     assert_eq!(vectors.len(), 10, "one entry per softirq vector");
-    let net_rx = vectors
-        .iter()
-        .find(|v| v["name"] == "NET_RX")
-        .expect("NET_RX");
+    let net_rx = named(&report, "vectors", "NET_RX");
     let count = net_rx["count"].as_u64().expect("count");
     assert!(
         count > 0,
@@ -157,14 +175,7 @@ fn funclat_on_unknown_function_is_one_line_and_exit_3() {
         "--duration",
         "1",
     ]);
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    let stderr = one_line_failure(&out, 3);
     assert!(stderr.starts_with("rdma-trace: "), "{stderr}");
 }
 
@@ -177,10 +188,8 @@ fn a_json_path_that_cannot_be_written_is_refused_before_attaching() {
         "--json",
         "/nonexistent-rdma-trace-dir/s.json",
     ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
     // One line, before "timing softirqs" (printed once the programs are attached).
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    let stderr = one_line_failure(&out, 1);
     assert!(
         stderr.contains("/nonexistent-rdma-trace-dir") && stderr.contains("does not exist"),
         "{stderr}"
@@ -218,14 +227,7 @@ fn run_says_why_without_rdma_and_reports_with_it() {
         );
         return;
     }
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    let stderr = one_line_failure(&out, 3);
     assert!(
         stderr.contains("no RDMA device") && stderr.contains("cargo xtask run"),
         "{stderr}"
@@ -246,15 +248,8 @@ fn run_without_privileges_asks_for_root() {
         .args(["run", "--no-tui", "-i", "10"])
         .output()
         .expect("run setpriv");
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = one_line_failure(&out, 3);
     assert!(stderr.contains("needs root"), "{stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
 }
 
 // ---- rdma-trace export: Prometheus text format over HTTP
@@ -472,27 +467,16 @@ fn disk_traffic(d: Duration) -> Load {
 
 #[test]
 fn irq_counts_virtio_interrupts_and_net_rx() {
-    let json = temp_path("irq.json");
     let disk = disk_traffic(Duration::from_secs(3));
     let net = loopback_traffic(Duration::from_secs(3));
-    let out = rdma_trace(&[
-        "irq",
-        "--match",
-        "virtio*",
-        "--duration",
-        "2",
-        "--no-tui",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let (out, report) = rdma_trace_json(
+        &["irq", "--match", "virtio*", "--duration", "2", "--no-tui"],
+        "irq.json",
+    );
     assert!(disk.join().expect("disk thread") > 0);
     assert!(net.join().expect("traffic thread") > 0);
-    assert!(
-        out.status.success(),
-        "rdma-trace irq failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report = read_json(&json);
+    assert_success(&out, "rdma-trace irq");
+    let report = report.expect("JSON report");
     let irqs = report["irqs"].as_array().expect("irqs");
     assert!(!irqs.is_empty(), "no virtio IRQ on this host: {report}");
     let busy: Vec<&serde_json::Value> = irqs
@@ -522,12 +506,7 @@ fn irq_counts_virtio_interrupts_and_net_rx() {
             "handler durations: {i}"
         );
     }
-    let net_rx = report["softirqs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "NET_RX")
-        .expect("NET_RX");
+    let net_rx = named(&report, "softirqs", "NET_RX");
     assert!(net_rx["count"].as_u64().unwrap() > 0, "{net_rx}");
     // Self-overhead: every attached program ran, with a cost per run.
     let progs = report["overhead"]["programs"].as_array().expect("programs");
@@ -547,9 +526,7 @@ fn irq_counts_virtio_interrupts_and_net_rx() {
 #[test]
 fn irq_with_nothing_matching_is_one_line_and_exit_3() {
     let out = rdma_trace(&["irq", "--match", "no-such-irq-*", "--duration", "1"]);
-    assert_eq!(out.status.code(), Some(3));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    let stderr = one_line_failure(&out, 3);
     assert!(stderr.contains("--match"), "{stderr}");
 }
 

@@ -67,6 +67,25 @@ pub struct Section {
 }
 
 impl Section {
+    /// A bench's section from its results folder `dir`: `markdown` with, last, the line naming
+    /// the runs that `failed` (if any), and the guest kernel that the folder's `uname` names.
+    fn new(title: &'static str, mut markdown: String, dir: &Path, failed: &[String]) -> Self {
+        if !failed.is_empty() {
+            let _ = writeln!(
+                markdown,
+                "\nRuns that failed (their figures are left out): {}.",
+                failed.join(", ")
+            );
+        }
+        Section {
+            title,
+            markdown,
+            guest_kernel: fs::read_to_string(dir.join("uname"))
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_default(),
+        }
+    }
+
     /// The section with, first, the line saying its guest was cut short (if it was).
     fn cut_short(mut self, line: Option<String>) -> Self {
         if let Some(line) = line {
@@ -132,11 +151,42 @@ fn build(with_ebpf: bool) -> Result<()> {
     )
 }
 
+/// The runs of the results folder `dir` that failed: `failed` names a run that did, from the
+/// fields of its line of `runs.csv` (the header skipped).
+fn failed_runs(dir: &Path, failed: impl Fn(&[&str]) -> Option<String>) -> Vec<String> {
+    let text = fs::read_to_string(dir.join("runs.csv")).unwrap_or_default();
+    text.lines()
+        .skip(1)
+        .filter_map(|l| failed(&l.split(',').collect::<Vec<_>>()))
+        .collect()
+}
+
 /// What a bench guest left: its results folder, and the line the page shows when the guest
 /// was stopped (timeout), or died, before its script ended.
 pub struct GuestResults {
     pub dir: PathBuf,
     pub cut_short: Option<String>,
+}
+
+/// Runs a bench in the guest ([`run_guest`], `script(first, rounds)` its script for rounds
+/// `first..=rounds`) and makes its section: `report(results folder, rounds)`, led by the line
+/// saying that the guest was cut short (if it was).
+fn run_bench(
+    name: &str,
+    rounds: u32,
+    timeout: Duration,
+    bench_image: bool,
+    script: fn(u32, u32) -> String,
+    report: fn(&Path, u32) -> Section,
+) -> Result<Section> {
+    let g = run_guest(
+        name,
+        &|first| script(first, rounds),
+        rounds,
+        timeout,
+        bench_image,
+    )?;
+    Ok(report(&g.dir, rounds).cut_short(g.cut_short))
 }
 
 /// Boots for a bench whose guest kernel died (under TCG, kernel text patched while the other
@@ -380,22 +430,13 @@ pub struct Spread {
 
 /// `None` without figures. The median of an even count is the mean of the middle two.
 pub fn spread(values: &[f64]) -> Option<Spread> {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let median = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
+    let v = stats::sorted_finite(values);
+    let median = stats::median_of_sorted(&v)?;
     Some(Spread {
         median,
         min: v[0],
-        max: v[n - 1],
-        n,
+        max: v[v.len() - 1],
+        n: v.len(),
     })
 }
 

@@ -7,23 +7,14 @@
 //! with both vCPUs in one TCG thread, where a patch is seen at once; it is `#[ignore]`d so
 //! that the suites' boots leave it out.
 
-use super::harness::run_json;
+use super::harness::{attached, find_by, rdma_trace, run_demo};
 
 #[test]
 fn run_reports_the_estimate_and_the_minimal_preset_attaches_fewer_probes() {
-    let run = run_json(
-        &[
-            "run", "--no-tui", "--mode", "poll", "-i", "300", "--probes", "minimal",
-        ],
-        "budget-minimal",
-    );
+    let run = run_demo("poll", 300, &["--probes", "minimal"], "budget-minimal");
     run.assert_success("rdma-trace run");
     let (stdout, phase) = (&run.stdout, &run.report["phases"][0]);
-    let attached: Vec<&str> = phase["probes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["attach"].is_string())
+    let attached: Vec<&str> = attached(phase)
         .map(|p| p["name"].as_str().unwrap())
         .collect();
     assert!(attached.contains(&"rxe_cq_post"), "{attached:?}");
@@ -48,20 +39,10 @@ fn run_reports_the_estimate_and_the_minimal_preset_attaches_fewer_probes() {
 #[test]
 #[ignore = "cargo xtask test runs it in a boot of its own, with one TCG thread"]
 fn run_over_a_tight_budget_with_enforce_drops_probes_and_says_which() {
-    let run = run_json(
-        &[
-            "run",
-            "--no-tui",
-            "--mode",
-            "event",
-            "-i",
-            "2000",
-            "--interval",
-            "0.3",
-            "--overhead-budget",
-            "1",
-            "--enforce",
-        ],
+    let run = run_demo(
+        "event",
+        2000,
+        &["--interval", "0.3", "--overhead-budget", "1", "--enforce"],
         "budget-enforce",
     );
     run.assert_success("rdma-trace run --enforce");
@@ -72,9 +53,7 @@ fn run_over_a_tight_budget_with_enforce_drops_probes_and_says_which() {
         .as_array()
         .expect("calibration.mechanisms");
     for m in ["kprobe", "kretprobe", "raw_tp"] {
-        let c = mechanisms
-            .iter()
-            .find(|c| c["mechanism"] == m)
+        let c = find_by(mechanisms, "mechanism", m)
             .unwrap_or_else(|| panic!("no {m} in {mechanisms:?}"));
         assert!(c["ns_per_hit"].is_number(), "{m} not measured: {c}");
     }
@@ -109,12 +88,8 @@ fn run_over_a_tight_budget_with_enforce_drops_probes_and_says_which() {
         }
     }
     // The demo itself was not disturbed by the drops: its client sent every message.
-    let client = phase["demo"]["reports"]
-        .as_array()
-        .expect("demo reports")
-        .iter()
-        .find(|r| r["role"] == "client")
-        .expect("the client's report");
+    let reports = phase["demo"]["reports"].as_array().expect("demo reports");
+    let client = find_by(reports, "role", "client").expect("the client's report");
     assert_eq!(
         client["totals"]["messages_sent"].as_u64(),
         Some(2000),
@@ -125,7 +100,7 @@ fn run_over_a_tight_budget_with_enforce_drops_probes_and_says_which() {
 /// `-v` says where start-up time went, step by step, before the probe table.
 #[test]
 fn run_v_says_where_the_start_up_time_went() {
-    let out = super::harness::rdma_trace(&[
+    let out = rdma_trace(&[
         "run",
         "-v",
         "--no-tui",

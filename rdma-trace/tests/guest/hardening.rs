@@ -12,7 +12,7 @@ use std::{
 
 use super::{
     RDMA_TRACE, RestoreRxe, delete_testbed_devices, demo_processes,
-    harness::{KillOnDrop, rdma_trace, run_json, run_json_with},
+    harness::{KillOnDrop, rdma_trace, run_demo, run_json_with},
     try_wait_timeout,
 };
 
@@ -312,19 +312,7 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
 #[test]
 fn run_duration_ends_each_phase_successfully() {
     let start = Instant::now();
-    let run = run_json(
-        &[
-            "run",
-            "--duration",
-            "2",
-            "--mode",
-            "both",
-            "--no-tui",
-            "-i",
-            "1000000",
-        ],
-        "duration-both",
-    );
+    let run = run_demo("both", 1_000_000, &["--duration", "2"], "duration-both");
     assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
     let stdout = &run.stdout;
     for mode in ["Poll", "Event"] {
@@ -441,10 +429,8 @@ fn run_refuses_a_bad_json_path_before_attaching() {
         "--json",
         "/nonexistent/dir/r.json",
     ]);
+    out.assert_fails_in_one_line(1, "/nonexistent/dir");
     let stderr = &out.stderr;
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
-    assert!(stderr.contains("/nonexistent/dir"), "{stderr}");
     assert!(!stderr.contains("probes:"), "nothing attached: {stderr}");
     assert_eq!(new_programs(&before), []);
     assert!(demo_processes().is_empty());

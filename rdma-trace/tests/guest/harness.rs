@@ -1,5 +1,6 @@
-//! The guest tests' small harness: rdma-trace run to its end (with or without a JSON report),
-//! a probe found by name, rdma-trace's stderr read until it says it has started, the loopback
+//! The guest tests' small harness: rdma-trace run to its end (with or without a JSON report,
+//! the demo run under it), an entry of a report's list found by a field (a probe by name), the
+//! attached probes, rdma-trace's stderr read until it says it has started, the loopback
 //! ping-pong used as load, and children killed when a test fails.
 
 use std::{
@@ -32,6 +33,15 @@ impl Outcome {
             self.stdout
         );
     }
+
+    /// Fails the test unless the command exited with `code` and said why in one line of
+    /// stderr, a line that contains `says`.
+    pub fn assert_fails_in_one_line(&self, code: i32, says: &str) {
+        let stderr = &self.stderr;
+        assert_eq!(self.status.code(), Some(code), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
 }
 
 /// Runs `cmd` to its end (`Command::output`: stdout and stderr captured, stdin null unless
@@ -59,6 +69,14 @@ pub fn rdma_trace(args: &[&str]) -> Outcome {
     outcome(Command::new(RDMA_TRACE).args(args), || Value::Null)
 }
 
+/// `rdma-trace run --no-tui --mode MODE -i ITERS EXTRA` (the demo, traced) run to its end, with
+/// its report: [`run_json`] under `name`.
+pub fn run_demo(mode: &str, iters: u64, extra: &[&str], name: &str) -> Outcome {
+    let iters = iters.to_string();
+    let run = ["run", "--no-tui", "--mode", mode, "-i", &iters];
+    run_json(&[&run[..], extra].concat(), name)
+}
+
 /// `rdma-trace ARGS --json <temp_json(name)>` run to its end; the report read (and its file
 /// removed) when it was written. When ARGS end with `-- CMD`, `--json` goes before the `--`.
 pub fn run_json(args: &[&str], name: &str) -> Outcome {
@@ -83,14 +101,31 @@ pub fn run_json_with(cmd: &mut Command, args: &[&str], name: &str) -> Outcome {
     })
 }
 
+/// The first of `items` (a report's list: probes, programs, stages) whose `key` is `value`.
+pub fn find_by<'a, V>(
+    items: impl IntoIterator<Item = &'a Value>,
+    key: &str,
+    value: V,
+) -> Option<&'a Value>
+where
+    Value: PartialEq<V>,
+{
+    items.into_iter().find(|item| item[key] == value)
+}
+
 /// The probe `name` of a report or of one of its phases (from its `probes`).
 pub fn probe<'a>(report: &'a Value, name: &str) -> &'a Value {
+    find_by(report["probes"].as_array().expect("probes"), "name", name)
+        .unwrap_or_else(|| panic!("no probe {name} in {report}"))
+}
+
+/// The probes of a report or of one of its phases that attached (those with an `attach`).
+pub fn attached(report: &Value) -> impl Iterator<Item = &Value> {
     report["probes"]
         .as_array()
         .expect("probes")
         .iter()
-        .find(|p| p["name"] == name)
-        .unwrap_or_else(|| panic!("no probe {name} in {report}"))
+        .filter(|p| p["attach"].is_string())
 }
 
 /// The CQ events a demo took, both sides, from its JSON results (`reports[].cq_events`).

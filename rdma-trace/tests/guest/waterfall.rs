@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::{
     RDMA_TRACE,
-    harness::{demo_cq_events, run_json, run_json_with},
+    harness::{demo_cq_events, find_by, run_demo, run_json, run_json_with},
 };
 
 /// `a` within 1 % of `b` (and both positive).
@@ -21,11 +21,7 @@ fn processes(phase: &Value) -> &Vec<Value> {
 }
 
 fn stage<'a>(w: &'a Value, key: &str) -> &'a Value {
-    w["stages"]
-        .as_array()
-        .expect("stages")
-        .iter()
-        .find(|s| s["key"] == key)
+    find_by(w["stages"].as_array().expect("stages"), "key", key)
         .unwrap_or_else(|| panic!("no stage {key}"))
 }
 
@@ -78,20 +74,7 @@ fn check_partition(who: &str, w: &Value) {
 
 #[test]
 fn waterfall_stages_add_up_and_each_thread_gets_its_own_cq_events() {
-    let iters = 300;
-    let run = run_json(
-        &[
-            "run",
-            "--no-tui",
-            "--mode",
-            "both",
-            "-i",
-            &iters.to_string(),
-            "--sample",
-            "200",
-        ],
-        "waterfall-both",
-    );
+    let run = run_demo("both", 300, &["--sample", "200"], "waterfall-both");
     run.assert_success("rdma-trace run");
     let (report, stdout) = (&run.report, &run.stdout);
     let (poll, event) = (&report["phases"][0], &report["phases"][1]);
@@ -138,9 +121,7 @@ fn waterfall_stages_add_up_and_each_thread_gets_its_own_cq_events() {
         "wf_sched_switch",
         "wf_read_return",
     ] {
-        let prog = progs
-            .iter()
-            .find(|x| x["name"] == name)
+        let prog = find_by(progs, "name", name)
             .unwrap_or_else(|| panic!("{name} not in the overhead table: {progs:?}"));
         assert!(u(&prog["runs"]) > 0, "{prog}");
     }
@@ -249,9 +230,7 @@ wait
         let demo: Value =
             serde_json::from_slice(&std::fs::read(&base).expect("demo JSON")).expect("JSON");
         let cq_events = demo_cq_events(&demo);
-        let p = procs
-            .iter()
-            .find(|p| p["pid"] == pid)
+        let p = find_by(procs, "pid", pid)
             .unwrap_or_else(|| panic!("no waterfall for pid {pid} (-i {n}): {procs:?}"));
         check_partition(&format!("pid {pid}"), p);
         let got = u(&p["events"]) as f64;

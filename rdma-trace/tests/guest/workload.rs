@@ -11,7 +11,9 @@ use serde_json::Value;
 
 use super::{
     RDMA_TRACE,
-    harness::{KillOnDrop, kernel_release, probe, rdma_trace, run_json, signal, wait_tracing},
+    harness::{
+        KillOnDrop, kernel_release, probe, rdma_trace, run_demo, run_json, signal, wait_tracing,
+    },
     kprobes_left, read_json, roce_v2_gid_index, temp_json, wait_timeout,
 };
 
@@ -348,10 +350,7 @@ fn all_traces_every_process_until_ctrl_c() {
 #[test]
 fn a_pid_that_does_not_exist_fails_before_attaching() {
     let out = rdma_trace(&["run", "--no-tui", "--pid", "4194304"]);
-    let err = &out.stderr;
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("--pid 4194304: no such process"), "{err}");
+    out.assert_fails_in_one_line(1, "--pid 4194304: no such process");
     assert!(kprobes_left().trim().is_empty());
 }
 
@@ -513,27 +512,17 @@ fn an_unwritable_timeline_fails_before_attaching() {
         "--",
         "true",
     ]);
-    let err = &out.stderr;
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("cannot write there"), "{err}");
+    out.assert_fails_in_one_line(1, "cannot write there");
     assert!(kprobes_left().trim().is_empty());
 }
 
 #[test]
 fn timeline_of_the_demo_run_names_the_demo_threads() {
     let path = temp_json("timeline-demo");
-    let run = run_json(
-        &[
-            "run",
-            "--no-tui",
-            "--mode",
-            "event",
-            "-i",
-            "200",
-            "--timeline",
-            path.to_str().unwrap(),
-        ],
+    let run = run_demo(
+        "event",
+        200,
+        &["--timeline", path.to_str().unwrap()],
         "timeline-demo-report",
     );
     run.assert_success("rdma-trace run");

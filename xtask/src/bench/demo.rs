@@ -277,14 +277,14 @@ fn parse_perftest_typical(text: &str) -> Option<f64> {
 }
 
 pub fn run(rounds: u32) -> Result<Section> {
-    let g = super::run_guest(
+    super::run_bench(
         "demo",
-        &|first| script(first, rounds),
         rounds,
         Duration::from_secs(900),
         false,
-    )?;
-    Ok(report(&g.dir, rounds).cut_short(g.cut_short))
+        script,
+        report,
+    )
 }
 
 /// The section from the results folder.
@@ -370,35 +370,22 @@ fn report(dir: &Path, rounds: u32) -> Section {
         table_rows.len() - missed - undecided,
         table_rows.len()
     );
-    if !failed.is_empty() {
-        let _ = writeln!(
-            md,
-            "\nRuns that failed (their figures are left out): {}.",
-            failed.join(", ")
-        );
-    }
-    Section {
-        title: "rdma-demo vs the C tools (`cargo xtask bench demo`)",
-        markdown: md,
-        guest_kernel: fs::read_to_string(dir.join("uname"))
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_default(),
-    }
+    Section::new(
+        "rdma-demo vs the C tools (`cargo xtask bench demo`)",
+        md,
+        dir,
+        &failed,
+    )
 }
 
-/// `r<round>-<name> (status c/s)` of the runs whose client or server failed.
+/// `r<round>-<name> (client c, server s)` of the runs whose client or server failed.
 fn failed_runs(dir: &Path) -> Vec<String> {
-    let text = fs::read_to_string(dir.join("runs.csv")).unwrap_or_default();
-    text.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            let [round, name, c, s, ..] = f[..] else {
-                return None;
-            };
-            (c != "0" || s != "0").then(|| format!("r{round}-{name} (client {c}, server {s})"))
-        })
-        .collect()
+    super::failed_runs(dir, |f| {
+        let [round, name, c, s, ..] = *f else {
+            return None;
+        };
+        (c != "0" || s != "0").then(|| format!("r{round}-{name} (client {c}, server {s})"))
+    })
 }
 
 #[cfg(test)]

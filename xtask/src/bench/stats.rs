@@ -46,19 +46,31 @@ impl Rng {
     }
 }
 
-/// The median (the mean of the middle two for an even count); `None` when empty.
-pub fn median(values: &[f64]) -> Option<f64> {
+/// The finite ones of `values`, sorted.
+pub fn sorted_finite(values: &[f64]) -> Vec<f64> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// The median of sorted values (the mean of the middle two for an even count); `None` when
+/// empty.
+pub fn median_of_sorted(sorted: &[f64]) -> Option<f64> {
+    let n = sorted.len();
+    if n == 0 {
         return None;
     }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
     Some(if n % 2 == 1 {
-        v[n / 2]
+        sorted[n / 2]
     } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
     })
+}
+
+/// The median of the finite ones of `values` (the mean of the middle two for an even count);
+/// `None` when there are none.
+pub fn median(values: &[f64]) -> Option<f64> {
+    median_of_sorted(&sorted_finite(values))
 }
 
 /// The `q`-quantile (0..=1) of sorted values, linear between neighbours.
@@ -74,9 +86,8 @@ pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
 }
 
 /// 2.5th and 97.5th percentiles of bootstrap statistics (non-finite ones dropped).
-fn interval(mut stats: Vec<f64>) -> Option<(f64, f64)> {
-    stats.retain(|x| x.is_finite());
-    stats.sort_by(f64::total_cmp);
+fn interval(stats: &[f64]) -> Option<(f64, f64)> {
+    let stats = sorted_finite(stats);
     Some((percentile(&stats, 0.025)?, percentile(&stats, 0.975)?))
 }
 
@@ -99,7 +110,7 @@ fn bootstrap<T: Copy>(
     }
     let mut rng = Rng(SEED);
     let mut buf: Vec<T> = sample.to_vec();
-    let stats = (0..RESAMPLES)
+    let stats: Vec<f64> = (0..RESAMPLES)
         .map(|_| {
             for x in &mut buf {
                 *x = sample[rng.below(n)];
@@ -107,7 +118,7 @@ fn bootstrap<T: Copy>(
             stat(&buf)
         })
         .collect();
-    let (lo, hi) = interval(stats)?;
+    let (lo, hi) = interval(&stats)?;
     Some(Estimate { value, lo, hi, n })
 }
 

@@ -207,14 +207,14 @@ fn steady_cpu(dir: &Path, round: u32, v: &str, clk_tck: f64) -> Option<f64> {
 pub fn run(rounds: u32) -> Result<Section> {
     // Within the bench's 15 minutes with the demo bench (about 90 s): a guest that stalls
     // (rxe on 6.1 under TCG has livelocked in rare rounds) gives the rounds it finished.
-    let g = super::run_guest(
+    super::run_bench(
         "trace",
-        &|first| script(first, rounds),
         rounds,
         Duration::from_secs(780),
         true,
-    )?;
-    Ok(report(&g.dir, rounds).cut_short(g.cut_short))
+        script,
+        report,
+    )
 }
 
 /// Median round trip (µs) of the demo's client in one run.
@@ -744,44 +744,42 @@ fn report(dir: &Path, rounds: u32) -> Section {
     let startup = |s: &Session| s.startup_s;
     let cpu = |s: &Session| s.cpu_percent;
     let rss = |s: &Session| s.peak_rss_mib;
-    let mm = |v: &str, f: &dyn Fn(&Session) -> Option<f64>, d: usize| {
-        stats::with_ci(
-            stats::median_ci(&per_round(v, f).into_iter().flatten().collect::<Vec<_>>()),
-            d,
-        )
-    };
     let one = |v: &str, f: &dyn Fn(&Session) -> Option<f64>| {
         stats::median_ci(&per_round(v, f).into_iter().flatten().collect::<Vec<_>>())
+    };
+    // A row: the figure's median [CI] with `d` decimals for B, C and D, then its goal.
+    let row = |what: &str, f: &dyn Fn(&Session) -> Option<f64>, d: usize, goal: String| {
+        let mut row = vec![what.to_owned()];
+        row.extend(["B", "C", "D"].map(|v| stats::with_ci(one(v, f), d)));
+        row.push(goal);
+        row
     };
     let su = ratio(&per_round("B", &startup), &per_round("C", &startup));
     let b_cpu = one("B", &cpu);
     let b_rss = one("B", &rss);
     let rows = vec![
-        vec![
-            "start-up: exec → all probes attached, s".into(),
-            mm("B", &startup, 2),
-            mm("C", &startup, 2),
-            mm("D", &startup, 2),
+        row(
+            "start-up: exec → all probes attached, s",
+            &startup,
+            2,
             format!(
                 "B / C = {}: {}",
                 stats::with_ci(su, 3),
                 stats::verdict_text(su, 0.2)
             ),
-        ],
-        vec![
-            "tracer CPU while the demos run (`--no-tui`), % of one core".into(),
-            mm("B", &cpu, 1),
-            mm("C", &cpu, 1),
-            mm("D", &cpu, 1),
+        ),
+        row(
+            "tracer CPU while the demos run (`--no-tui`), % of one core",
+            &cpu,
+            1,
             format!("B: {}", stats::verdict_text(b_cpu, 2.0)),
-        ],
-        vec![
-            "tracer peak RSS (VmHWM), MiB".into(),
-            mm("B", &rss, 1),
-            mm("C", &rss, 1),
-            mm("D", &rss, 1),
+        ),
+        row(
+            "tracer peak RSS (VmHWM), MiB",
+            &rss,
+            1,
             format!("B: {}", stats::verdict_text(b_rss, 25.0)),
-        ],
+        ),
     ];
     goal_row("start-up, rdma-trace / bpftrace (B / C)".into(), su, 0.2, 3);
     let steady = |v: &str| {
@@ -841,21 +839,12 @@ fn report(dir: &Path, rounds: u32) -> Section {
          after its probe table (all attached), over the window's wall time. The B figure in the \
          table above also holds the phase's start and end (the demo's set-up, reports)."
     );
-    let failed = failed_runs(dir);
-    if !failed.is_empty() {
-        let _ = writeln!(
-            md,
-            "\nRuns that failed (their figures are left out): {}.",
-            failed.join(", ")
-        );
-    }
-    Section {
-        title: "rdma-trace vs bpftrace vs no tracing (`cargo xtask bench trace`)",
-        markdown: md,
-        guest_kernel: fs::read_to_string(dir.join("uname"))
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_default(),
-    }
+    Section::new(
+        "rdma-trace vs bpftrace vs no tracing (`cargo xtask bench trace`)",
+        md,
+        dir,
+        &failed_runs(dir),
+    )
 }
 
 fn label(v: &str) -> &'static str {
@@ -868,19 +857,15 @@ fn label(v: &str) -> &'static str {
     }
 }
 
+/// `r<round>-<what> (status s)` of the runs that failed.
 fn failed_runs(dir: &Path) -> Vec<String> {
-    let text = fs::read_to_string(dir.join("runs.csv")).unwrap_or_default();
-    text.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            let [round, what, status] = f[..] else {
-                return None;
-            };
-            // bpftrace ends with 0 on SIGINT; `timeout` reports 124.
-            (status != "0").then(|| format!("r{round}-{what} (status {status})"))
-        })
-        .collect()
+    super::failed_runs(dir, |f| {
+        let [round, what, status] = *f else {
+            return None;
+        };
+        // bpftrace ends with 0 on SIGINT; `timeout` reports 124.
+        (status != "0").then(|| format!("r{round}-{what} (status {status})"))
+    })
 }
 
 #[cfg(test)]

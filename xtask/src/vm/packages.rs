@@ -170,12 +170,10 @@ pub fn matching_newest_first<'a>(
 mod tests {
     use super::*;
 
-    fn newest_matching<'a>(
-        names: impl IntoIterator<Item = &'a str>,
-        prefix: &str,
-        suffix: &str,
-    ) -> Option<&'a str> {
-        matching_newest_first(names, prefix, suffix)
+    /// The newest of `names` that is a package of kernel `k`.
+    fn newest<'a>(k: Kernel, names: &[&'a str]) -> Option<&'a str> {
+        let p = kernel_package(k);
+        matching_newest_first(names.iter().copied(), p.prefix, p.suffix)
             .first()
             .copied()
     }
@@ -192,11 +190,11 @@ mod tests {
             "linux-image-6.1.0--amd64-unsigned",
             "linux-headers-6.1.0-500-amd64-unsigned",
         ];
-        let p = kernel_package(Kernel::V6_1);
         assert_eq!(
-            newest_matching(names, p.prefix, p.suffix),
+            newest(Kernel::V6_1, &names),
             Some("linux-image-6.1.0-100-amd64-unsigned")
         );
+        let p = kernel_package(Kernel::V6_1);
         assert_eq!(
             matching_newest_first(names, p.prefix, p.suffix),
             [
@@ -217,22 +215,18 @@ mod tests {
             "linux-image-6.12.119+deb13-amd64-unsigned",
             "linux-image-6.12.120+deb12-amd64-unsigned-dbg",
         ];
-        let p = kernel_package(Kernel::V6_12);
         assert_eq!(
-            newest_matching(names, p.prefix, p.suffix),
+            newest(Kernel::V6_12, &names),
             Some("linux-image-6.12.117+deb12-amd64-unsigned")
         );
-        assert_eq!(newest_matching([], p.prefix, p.suffix), None);
+        assert_eq!(newest(Kernel::V6_12, &[]), None);
     }
 
     #[test]
     fn pinned_names_follow_their_own_pattern() {
         for k in [Kernel::V6_1, Kernel::V6_12] {
-            let p = kernel_package(k);
-            assert_eq!(
-                newest_matching([p.pinned], p.prefix, p.suffix),
-                Some(p.pinned)
-            );
+            let pinned = kernel_package(k).pinned;
+            assert_eq!(newest(k, &[pinned]), Some(pinned));
         }
     }
 }
