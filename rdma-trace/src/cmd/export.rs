@@ -9,15 +9,20 @@
 //! `le="63"` holds polls of up to 63 packets, a poll of 64 is in `le="127"`). Every bucket count
 //! is exact. `_sum` is estimated from the slot midpoints (each within 12.5 % of its values).
 //!
-//! The HTTP side is a minimal HTTP/1.x responder on a tokio `TcpListener`: `GET /metrics`
-//! (or `/`) answers the text rendered at the last refresh, anything else 404/405; one request
-//! per connection. At most [`MAX_CONNECTIONS`] are served at once (the others wait in the
-//! listen backlog); each has [`REQUEST_TIMEOUT`] for its whole request and response, however
-//! slowly its bytes come; a failed accept (out of descriptors) pauses accepting, doubling the
-//! pause up to one second, instead of retrying at once.
+//! The HTTP side is hyper's HTTP/1 server, given each connection by our own accept loop on a
+//! tokio `TcpListener`: `GET` or `HEAD` `/metrics` (or `/`) answers the text rendered at the
+//! last refresh, other paths 404, other methods 405. hyper parses the requests and refuses
+//! request heads over [`MAX_REQUEST_HEAD`] with 431. Keep-alive is off: one request per
+//! connection, answered with `Connection: close`. The accept loop takes a slot before it
+//! accepts, so at most [`MAX_CONNECTIONS`] are served at once (the others wait in the listen
+//! backlog). Each connection has [`REQUEST_TIMEOUT`] for its whole request and response,
+//! however slowly its bytes come, because hyper's connection future runs under one deadline. A
+//! failed accept (out of descriptors) pauses accepting, doubling the pause up to one second,
+//! instead of retrying at once.
 
 use std::{
     collections::BTreeSet,
+    convert::Infallible,
     fmt::Write as _,
     net::SocketAddr,
     sync::{
@@ -28,12 +33,17 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use rdma_trace_common::{C_EVENTS, C_UNMATCHED, slot_bounds};
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::{TcpListener, TcpStream},
-    sync::Semaphore,
+use http_body_util::Full;
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::Bytes,
+    header::{self, HeaderValue},
+    server::conn::http1,
+    service::service_fn,
 };
+use hyper_util::rt::TokioIo;
+use rdma_trace_common::{C_EVENTS, C_UNMATCHED, slot_bounds};
+use tokio::{net::TcpListener, sync::Semaphore};
 
 use crate::{
     bpf::hist::Histogram,
@@ -72,8 +82,8 @@ pub struct Args {
 const NS_MAX_POW: u32 = 36;
 /// Largest power of two used as a bucket bound, for packet counts.
 const PACKETS_MAX_POW: u32 = 10;
-/// Requests larger than this are refused.
-const MAX_REQUEST: usize = 8192;
+/// Request heads (request line and headers) larger than this are refused with 431.
+const MAX_REQUEST_HEAD: usize = 8192;
 /// Connections served at once; further ones wait in the listen backlog until one ends.
 const MAX_CONNECTIONS: usize = 32;
 /// Time a connection has for its whole request and our response.
@@ -127,13 +137,13 @@ pub async fn run(args: &Args) -> Result<()> {
         args.interval
     );
 
-    let page = Arc::new(Mutex::new(String::new()));
-    let refresh = |page: &Mutex<String>| -> Result<()> {
+    let page = Arc::new(Mutex::new(Bytes::new()));
+    let refresh = |page: &Mutex<Bytes>| -> Result<()> {
         let mut text = render(&session, &session.snapshot()?, &labels);
         if let Some(w) = &wf {
             render_waterfall(&mut text, &w.snapshot()?, &labels.host);
         }
-        *page.lock().unwrap_or_else(|p| p.into_inner()) = text;
+        *page.lock().unwrap_or_else(|p| p.into_inner()) = Bytes::from(text);
         Ok(())
     };
     refresh(&page)?;
@@ -163,16 +173,20 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Accepts and serves connections for as long as it runs: at most `limits.connections` at
-/// once, each within `limits.request_timeout` as a whole. A failed accept (EMFILE, ENFILE,
-/// ENOBUFS...) is counted in `accept_errors` and pauses accepting: the pending connection keeps
-/// the listener readable, so retrying at once would spin.
+/// Accepts connections for as long as it runs and has hyper serve each: at most
+/// `limits.connections` at once, each within `limits.request_timeout` as a whole. A failed
+/// accept (EMFILE, ENFILE, ENOBUFS...) is counted in `accept_errors` and pauses accepting: the
+/// pending connection keeps the listener readable, so retrying at once would spin.
 async fn serve_http(
     listener: TcpListener,
-    page: Arc<Mutex<String>>,
+    page: Arc<Mutex<Bytes>>,
     limits: Limits,
     accept_errors: Arc<AtomicU64>,
 ) {
+    // No timer: hyper's own header read timeout stays off, the deadline on each connection
+    // below covers its whole exchange.
+    let mut http = http1::Builder::new();
+    http.keep_alive(false).max_header_size(MAX_REQUEST_HEAD);
     let slots = Arc::new(Semaphore::new(limits.connections));
     let mut pause = Duration::ZERO;
     loop {
@@ -183,9 +197,14 @@ async fn serve_http(
             Ok((stream, _)) => {
                 pause = Duration::ZERO;
                 let page = Arc::clone(&page);
+                let service = service_fn(move |req| {
+                    std::future::ready(Ok::<_, Infallible>(respond(&req, &page)))
+                });
+                let conn = http.serve_connection(TokioIo::new(stream), service);
                 tokio::spawn(async move {
-                    let _ =
-                        tokio::time::timeout(limits.request_timeout, serve(stream, &page)).await;
+                    // Past the deadline the connection is dropped, and so closed, mid-request
+                    // or mid-response.
+                    let _ = tokio::time::timeout(limits.request_timeout, conn).await;
                     drop(slot);
                 });
             }
@@ -203,74 +222,36 @@ async fn serve_http(
     }
 }
 
-/// One request, one response, then close.
-async fn serve(mut stream: TcpStream, page: &Mutex<String>) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > MAX_REQUEST {
-            return respond(
-                &mut stream,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                "request too large\n",
-            )
-            .await;
-        }
+/// The response to one request: the page at the last refresh for `GET` or `HEAD` `/metrics`
+/// (or `/`; hyper leaves the body out for `HEAD` but keeps its length), 404 for other paths,
+/// 405 for other methods.
+fn respond<B>(req: &Request<B>, page: &Mutex<Bytes>) -> Response<Full<Bytes>> {
+    let readable = matches!(*req.method(), Method::GET | Method::HEAD);
+    let (status, kind, body) = match req.uri().path() {
+        "/metrics" | "/" if readable => (
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            page.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        ),
+        _ if readable => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            Bytes::from_static(b"try /metrics\n"),
+        ),
+        _ => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            Bytes::from_static(b"GET /metrics\n"),
+        ),
+    };
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
     }
-    let head = String::from_utf8_lossy(&buf);
-    let mut parts = head.lines().next().unwrap_or_default().split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET" | "HEAD", "/metrics" | "/") => {
-            let body = page.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let body = if method == "HEAD" {
-                String::new()
-            } else {
-                body
-            };
-            respond(
-                &mut stream,
-                "200 OK",
-                "text/plain; version=0.0.4; charset=utf-8",
-                &body,
-            )
-            .await
-        }
-        ("GET" | "HEAD", _) => {
-            respond(&mut stream, "404 Not Found", "text/plain", "try /metrics\n").await
-        }
-        _ => {
-            respond(
-                &mut stream,
-                "405 Method Not Allowed",
-                "text/plain",
-                "GET /metrics\n",
-            )
-            .await
-        }
-    }
-}
-
-async fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    kind: &str,
-    body: &str,
-) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+    response
 }
 
 /// The `driver`, `device` and `host` labels of each driver path.
@@ -552,6 +533,11 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram, unit: Un
 
 #[cfg(test)]
 mod tests {
+    use tokio::{
+        io::{AsyncReadExt as _, AsyncWriteExt as _},
+        net::TcpStream,
+    };
+
     use super::*;
 
     fn hist(values: &[u64]) -> Histogram {
@@ -772,7 +758,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let errors = Arc::new(AtomicU64::new(0));
-        let page = Arc::new(Mutex::new("hello\n".to_owned()));
+        let page = Arc::new(Mutex::new(Bytes::from_static(b"hello\n")));
         let server = tokio::spawn(serve_http(listener, page, limits, Arc::clone(&errors)));
         (addr, errors, AbortOnDrop(server))
     }
@@ -786,6 +772,99 @@ mod tests {
                 r.unwrap();
                 String::from_utf8_lossy(&buf).into_owned()
             })
+    }
+
+    /// Sends `request` on a new connection and reads until the server closes it (or resets it:
+    /// what came before is kept).
+    async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        // A server refusing the request may close before it has all of it.
+        let _ = s.write_all(request).await;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let read = async {
+            while let Ok(n @ 1..) = s.read(&mut chunk).await {
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("the server closed the connection");
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// The value of header `name` in response `r` (names in any case).
+    fn header_of<'a>(r: &'a str, name: &str) -> Option<&'a str> {
+        let (head, _) = r.split_once("\r\n\r\n")?;
+        head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    #[tokio::test]
+    async fn metrics_and_root_answer_the_page_and_the_rest_is_refused() {
+        let (addr, _, _server) = start(Limits::DEFAULT).await;
+        for path in ["/metrics", "/", "/metrics?x=1"] {
+            let r = exchange(
+                addr,
+                format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes(),
+            )
+            .await;
+            assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{path}: {r}");
+            assert!(r.ends_with("\r\n\r\nhello\n"), "{path}: {r}");
+            assert_eq!(
+                header_of(&r, "content-type"),
+                Some("text/plain; version=0.0.4; charset=utf-8"),
+                "{r}"
+            );
+            assert_eq!(header_of(&r, "content-length"), Some("6"), "{r}");
+            assert_eq!(header_of(&r, "connection"), Some("close"), "{r}");
+        }
+        // HEAD: the GET's headers, no body.
+        let r = exchange(addr, b"HEAD /metrics HTTP/1.1\r\nHost: t\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        assert!(r.ends_with("\r\n\r\n"), "a body after HEAD: {r}");
+        assert_eq!(header_of(&r, "content-length"), Some("6"), "{r}");
+        // HTTP/1.0 clients are served too.
+        let r = exchange(addr, b"GET /metrics HTTP/1.0\r\n\r\n").await;
+        assert!(
+            r.starts_with("HTTP/1.0 200 OK\r\n") && r.ends_with("hello\n"),
+            "{r}"
+        );
+        let r = exchange(addr, b"GET /metricsx HTTP/1.1\r\nHost: t\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 404 Not Found\r\n"), "{r}");
+        assert!(r.ends_with("try /metrics\n"), "{r}");
+        let r = exchange(
+            addr,
+            b"POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi",
+        )
+        .await;
+        assert!(r.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"), "{r}");
+        assert_eq!(header_of(&r, "allow"), Some("GET, HEAD"), "{r}");
+        let r = exchange(addr, b"not http at all\r\n\r\n").await;
+        assert!(r.is_empty() || r.starts_with("HTTP/1.1 400"), "{r}");
+    }
+
+    #[tokio::test]
+    async fn a_request_head_over_the_limit_is_refused() {
+        let (addr, _, _server) = start(Limits::DEFAULT).await;
+        let with_cookie = |len: usize| {
+            format!(
+                "GET /metrics HTTP/1.1\r\nHost: t\r\nCookie: {}\r\n\r\n",
+                "c".repeat(len)
+            )
+        };
+        let r = exchange(addr, with_cookie(MAX_REQUEST_HEAD / 2).as_bytes()).await;
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        // Well within what hyper would take by default (its read buffer grows to ~400 KiB).
+        let r = exchange(addr, with_cookie(64 * 1024).as_bytes()).await;
+        // The server may close on the unread rest of the request, resetting the connection
+        // before its 431 is read: then nothing came.
+        assert!(
+            r.is_empty() || r.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+            "{r}"
+        );
     }
 
     #[tokio::test]
