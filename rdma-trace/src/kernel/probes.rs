@@ -235,6 +235,21 @@ impl ProbeDef {
         }
     }
 
+    /// A row timing softirq vector `vector`, entry → exit (raw tracepoints).
+    pub const fn softirq(name: &'static str, vector: u32, what: &'static str) -> ProbeDef {
+        ProbeDef {
+            name: Cow::Borrowed(name),
+            what,
+            driver: Driver::Network,
+            shape: Shape::Softirq { vector },
+            methods: TRACEPOINT,
+            zero_note: None,
+            module: None,
+            since: None,
+            role: Role::Stage,
+        }
+    }
+
     /// The row, with a note shown when it counts nothing although attached.
     const fn zero_note(mut self, note: &'static str) -> ProbeDef {
         self.zero_note = Some(note);
@@ -510,28 +525,8 @@ pub const PROBES: &[ProbeDef] = &[
         since: None,
         role: Role::Stage,
     },
-    ProbeDef {
-        name: Cow::Borrowed("softirq NET_RX"),
-        what: "NET_RX softirq runs (receive processing, NAPI polls)",
-        driver: Driver::Network,
-        shape: Shape::Softirq { vector: 3 },
-        methods: TRACEPOINT,
-        zero_note: None,
-        module: None,
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("softirq TASKLET"),
-        what: "TASKLET softirq runs (mlx5 completion tasklets, rxe on 6.1)",
-        driver: Driver::Network,
-        shape: Shape::Softirq { vector: 6 },
-        methods: TRACEPOINT,
-        zero_note: None,
-        module: None,
-        since: None,
-        role: Role::Stage,
-    },
+    ProbeDef::softirq("softirq NET_RX", 3, "NET_RX softirq runs (receive processing, NAPI polls)"),
+    ProbeDef::softirq("softirq TASKLET", 6, "TASKLET softirq runs (mlx5 completion tasklets, rxe on 6.1)"),
     ProbeDef::irq(
         Driver::Network,
         "irq nic",
