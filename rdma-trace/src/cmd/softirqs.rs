@@ -1,7 +1,7 @@
 //! `rdma-trace softirqs`: how long each softirq vector runs (NET_RX, TASKLET, ...), from the
 //! `irq:softirq_entry` / `irq:softirq_exit` tracepoints (attached raw: no tracefs needed).
 
-use std::{borrow::Cow, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use rdma_trace_common::{NR_SOFTIRQS, SOFTIRQ_NAMES};
@@ -11,7 +11,7 @@ use crate::{
     bpf::session::Session,
     kernel::facts::Kernel,
     kernel::plan::Options,
-    kernel::probes::{Driver, Method, ProbeDef, Role, Shape},
+    kernel::probes::ProbeDef,
     model::report::{ProbeReport, probe_reports, render},
     model::window::{Window, wait_window},
     output::write_json,
@@ -37,16 +37,12 @@ struct Report {
 /// One probe per softirq vector.
 fn vector_probes() -> Vec<ProbeDef> {
     (0..NR_SOFTIRQS)
-        .map(|vector| ProbeDef {
-            name: Cow::Borrowed(SOFTIRQ_NAMES[vector as usize]),
-            what: "softirq vector run, entry → exit",
-            driver: Driver::Network,
-            shape: Shape::Softirq { vector },
-            methods: &[Method::RawTracepoint],
-            zero_note: None,
-            module: None,
-            since: None,
-            role: Role::Stage,
+        .map(|vector| {
+            ProbeDef::softirq(
+                SOFTIRQ_NAMES[vector as usize],
+                vector,
+                "softirq vector run, entry → exit",
+            )
         })
         .collect()
 }

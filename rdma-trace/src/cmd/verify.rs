@@ -22,7 +22,6 @@ use rdma_trace_common::syscalls::{
     split_syscall_key,
 };
 use serde::Serialize;
-use tokio::io::AsyncReadExt as _;
 
 use crate::{
     bpf::loader::load_object,
@@ -188,21 +187,9 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         demo_args.join(" ")
     );
 
-    let mut out_pipe = child.stdout.take().context("demo stdout")?;
-    let mut err_pipe = child.stderr.take().context("demo stderr")?;
-    let out = tokio::spawn(async move {
-        let mut s = String::new();
-        let _ = out_pipe.read_to_string(&mut s).await;
-        s
-    });
-    let err = tokio::spawn(async move {
-        let mut s = String::new();
-        let _ = err_pipe.read_to_string(&mut s).await;
-        s
-    });
+    let output = crate::load::demo::Output::capture(&mut child)?;
     let window = wait_window(None, Some(&mut child)).await?;
-    let stdout = out.await.unwrap_or_default();
-    let stderr = err.await.unwrap_or_default();
+    let (stdout, stderr) = output.finish().await;
     let counts = tracer.read()?;
     drop(tracer); // detach before printing
     let phases = classify(&counts, &table);

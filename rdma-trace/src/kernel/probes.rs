@@ -188,22 +188,97 @@ const FUNC: &[Method] = &[Method::Kprobe, Method::Fentry];
 const MODULE_FUNC: &[Method] = &[Method::Kprobe];
 const TRACEPOINT: &[Method] = &[Method::RawTracepoint];
 
+impl ProbeDef {
+    /// The common row: one function of kernel module `module`, entry → return (kprobe and
+    /// kretprobe), reported under the function's own name.
+    const fn module_function(
+        driver: Driver,
+        module: &'static str,
+        function: &'static str,
+        what: &'static str,
+    ) -> ProbeDef {
+        ProbeDef {
+            name: Cow::Borrowed(function),
+            what,
+            driver,
+            shape: Shape::Duration {
+                function: Cow::Borrowed(function),
+            },
+            methods: MODULE_FUNC,
+            zero_note: None,
+            module: Some(module),
+            since: None,
+            role: Role::Stage,
+        }
+    }
+
+    /// A row of the hard IRQ handlers whose /proc/interrupts names match `patterns` (raw
+    /// tracepoints).
+    const fn irq(
+        driver: Driver,
+        name: &'static str,
+        patterns: &'static [&'static str],
+        what: &'static str,
+    ) -> ProbeDef {
+        ProbeDef {
+            name: Cow::Borrowed(name),
+            what,
+            driver,
+            shape: Shape::Irq {
+                patterns: Patterns::Table(patterns),
+            },
+            methods: TRACEPOINT,
+            zero_note: None,
+            module: None,
+            since: None,
+            role: Role::Stage,
+        }
+    }
+
+    /// A row timing softirq vector `vector`, entry → exit (raw tracepoints).
+    pub const fn softirq(name: &'static str, vector: u32, what: &'static str) -> ProbeDef {
+        ProbeDef {
+            name: Cow::Borrowed(name),
+            what,
+            driver: Driver::Network,
+            shape: Shape::Softirq { vector },
+            methods: TRACEPOINT,
+            zero_note: None,
+            module: None,
+            since: None,
+            role: Role::Stage,
+        }
+    }
+
+    /// The row, with a note shown when it counts nothing although attached.
+    const fn zero_note(mut self, note: &'static str) -> ProbeDef {
+        self.zero_note = Some(note);
+        self
+    }
+
+    /// The row, whose functions exist from kernel release `major`.`minor` on.
+    const fn since(mut self, major: u32, minor: u32) -> ProbeDef {
+        self.since = Some((major, minor));
+        self
+    }
+
+    /// The row, whose count is also the demo's progress.
+    const fn progress(mut self) -> ProbeDef {
+        self.role = Role::Progress;
+        self
+    }
+}
+
 /// Every probe, grouped by driver path.
 pub const PROBES: &[ProbeDef] = &[
     // ---- generic: ib_uverbs delivers completion events to user space
-    ProbeDef {
-        name: Cow::Borrowed("ib_uverbs_comp_handler"),
-        what: "a CQ with a completion channel got a completion: queue the event, wake the waiter (event mode)",
-        driver: Driver::Generic,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("ib_uverbs_comp_handler"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some("polling mode takes no completion events: expected 0"),
-        module: Some("ib_uverbs"),
-        since: None,
-        role: Role::Stage,
-    },
+    ProbeDef::module_function(
+        Driver::Generic,
+        "ib_uverbs",
+        "ib_uverbs_comp_handler",
+        "a CQ with a completion channel got a completion: queue the event, wake the waiter (event mode)",
+    )
+    .zero_note("polling mode takes no completion events: expected 0"),
     ProbeDef {
         name: Cow::Borrowed("ibv_get_cq_event"),
         what: "the demo blocked in ibv_get_cq_event until a completion event arrived (uprobe, opt-in)",
@@ -235,390 +310,196 @@ pub const PROBES: &[ProbeDef] = &[
     // ---- mlx5 (mlx5_core + mlx5_ib, 6.1 and 6.12): IRQ mlx5_comp<N> → irq_int_handler →
     // mlx5_eq_comp_int (EQ) → user CQs: mlx5_add_cq_to_tasklet, then the tasklet
     // mlx5_cq_tasklet_cb → mlx5_ib_cq_comp → comp_handler (kernel CQs: mlx5_ib_cq_comp directly).
-    ProbeDef {
-        name: Cow::Borrowed("irq mlx5_comp"),
-        what: "hard IRQ handlers of mlx5 completion vectors (mlx5_comp<N>@pci:<bdf>; SFs: mlx5_sf_comp<N>; one-vector devices: mlx5_combined0)",
-        driver: Driver::Mlx5,
-        shape: Shape::Irq {
-            patterns: Patterns::Table(&["mlx5_comp*", "mlx5_sf_comp*", "mlx5_combined*"]),
-        },
-        methods: TRACEPOINT,
-        zero_note: None,
-        module: None,
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("mlx5_eq_comp_int"),
-        what: "mlx5 completion EQ handler (hard IRQ): walks the EQ, hands each CQ to its callback",
-        driver: Driver::Mlx5,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("mlx5_eq_comp_int"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("mlx5_core"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("mlx5_cq_tasklet_cb"),
-        what: "mlx5 completion tasklet: runs the completion callbacks of user CQs the EQ queued",
-        driver: Driver::Mlx5,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("mlx5_cq_tasklet_cb"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some("only armed user CQs (event mode) go through the tasklet"),
-        module: Some("mlx5_core"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("mlx5_ib_cq_comp"),
-        what: "mlx5_ib calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
-        driver: Driver::Mlx5,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("mlx5_ib_cq_comp"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some("only armed CQs (event mode) get completion callbacks"),
-        module: Some("mlx5_ib"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("mlx5_ib_poll_cq"),
-        what: "kernel-side CQ polling (kernel consumers such as __ib_process_cq)",
-        driver: Driver::Mlx5,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("mlx5_ib_poll_cq"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some(
-            "serves kernel consumers only: user space polls mlx5 CQs in rdma-core's provider, without the kernel: expected 0 for the demos",
-        ),
-        module: Some("mlx5_ib"),
-        since: None,
-        role: Role::Stage,
-    },
+    ProbeDef::irq(
+        Driver::Mlx5,
+        "irq mlx5_comp",
+        &["mlx5_comp*", "mlx5_sf_comp*", "mlx5_combined*"],
+        "hard IRQ handlers of mlx5 completion vectors (mlx5_comp<N>@pci:<bdf>; SFs: mlx5_sf_comp<N>; one-vector devices: mlx5_combined0)",
+    ),
+    ProbeDef::module_function(
+        Driver::Mlx5,
+        "mlx5_core",
+        "mlx5_eq_comp_int",
+        "mlx5 completion EQ handler (hard IRQ): walks the EQ, hands each CQ to its callback",
+    ),
+    ProbeDef::module_function(
+        Driver::Mlx5,
+        "mlx5_core",
+        "mlx5_cq_tasklet_cb",
+        "mlx5 completion tasklet: runs the completion callbacks of user CQs the EQ queued",
+    )
+    .zero_note("only armed user CQs (event mode) go through the tasklet"),
+    ProbeDef::module_function(
+        Driver::Mlx5,
+        "mlx5_ib",
+        "mlx5_ib_cq_comp",
+        "mlx5_ib calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
+    )
+    .zero_note("only armed CQs (event mode) get completion callbacks"),
+    ProbeDef::module_function(
+        Driver::Mlx5,
+        "mlx5_ib",
+        "mlx5_ib_poll_cq",
+        "kernel-side CQ polling (kernel consumers such as __ib_process_cq)",
+    )
+    .zero_note("serves kernel consumers only: user space polls mlx5 CQs in rdma-core's provider, without the kernel: expected 0 for the demos"),
     // ---- irdma (6.1 and 6.12): IRQ (6.1 "CEQ"/"AEQCEQ", 6.12 irdma-<bdf>-CEQ-<n>) →
     // irdma_ceq_handler → tasklet irdma_ceq_dpc → irdma_process_ceq → irdma_iwarp_ce_handler →
     // comp_handler. Vector 0 may be shared with the AEQ: irdma_irq_handler → irdma_dpc.
-    ProbeDef {
-        name: Cow::Borrowed("irq irdma_ceq"),
-        what: "hard IRQ handlers of irdma completion event queues (CEQ vectors)",
-        driver: Driver::Irdma,
-        shape: Shape::Irq {
-            patterns: Patterns::Table(&["irdma-*-CEQ-*", "irdma-*-AEQCEQ-*", "CEQ", "AEQCEQ"]),
-        },
-        methods: TRACEPOINT,
-        zero_note: None,
-        module: None,
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("irdma_ceq_handler"),
-        what: "irdma CEQ interrupt handler (hard IRQ): schedules the CEQ tasklet",
-        driver: Driver::Irdma,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("irdma_ceq_handler"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some(
-            "CEQ 0 shares its vector with the AEQ where MSI-X is short (irdma_irq_handler)",
-        ),
-        module: Some("irdma"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("irdma_ceq_dpc"),
-        what: "irdma CEQ tasklet: processes one completion event queue",
-        driver: Driver::Irdma,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("irdma_ceq_dpc"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("irdma"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("irdma_process_ceq"),
-        what: "irdma walks a CEQ: one CQ per event, whose comp_handler it calls",
-        driver: Driver::Irdma,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("irdma_process_ceq"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("irdma"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("irdma_iwarp_ce_handler"),
-        what: "irdma calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
-        driver: Driver::Irdma,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("irdma_iwarp_ce_handler"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some("only armed CQs (event mode) get completion callbacks"),
-        module: Some("irdma"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("irdma_poll_cq"),
-        what: "kernel-side polling of an irdma CQ (kernel consumers only)",
-        driver: Driver::Irdma,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("irdma_poll_cq"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some(
-            "serves kernel consumers only: user space polls irdma CQs in rdma-core's provider: expected 0 for the demos",
-        ),
-        module: Some("irdma"),
-        since: None,
-        role: Role::Stage,
-    },
+    ProbeDef::irq(
+        Driver::Irdma,
+        "irq irdma_ceq",
+        &["irdma-*-CEQ-*", "irdma-*-AEQCEQ-*", "CEQ", "AEQCEQ"],
+        "hard IRQ handlers of irdma completion event queues (CEQ vectors)",
+    ),
+    ProbeDef::module_function(
+        Driver::Irdma,
+        "irdma",
+        "irdma_ceq_handler",
+        "irdma CEQ interrupt handler (hard IRQ): schedules the CEQ tasklet",
+    )
+    .zero_note("CEQ 0 shares its vector with the AEQ where MSI-X is short (irdma_irq_handler)"),
+    ProbeDef::module_function(
+        Driver::Irdma,
+        "irdma",
+        "irdma_ceq_dpc",
+        "irdma CEQ tasklet: processes one completion event queue",
+    ),
+    ProbeDef::module_function(
+        Driver::Irdma,
+        "irdma",
+        "irdma_process_ceq",
+        "irdma walks a CEQ: one CQ per event, whose comp_handler it calls",
+    ),
+    ProbeDef::module_function(
+        Driver::Irdma,
+        "irdma",
+        "irdma_iwarp_ce_handler",
+        "irdma calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
+    )
+    .zero_note("only armed CQs (event mode) get completion callbacks"),
+    ProbeDef::module_function(
+        Driver::Irdma,
+        "irdma",
+        "irdma_poll_cq",
+        "kernel-side polling of an irdma CQ (kernel consumers only)",
+    )
+    .zero_note("serves kernel consumers only: user space polls irdma CQs in rdma-core's provider: expected 0 for the demos"),
     // ---- bnxt_re (6.12; Debian's 6.1 does not build it): IRQ bnxt_re-nq-<n>@pci:<bdf> →
     // bnxt_qplib_nq_irq → tasklet bnxt_qplib_service_nq → bnxt_re_cqn_handler → comp_handler.
-    ProbeDef {
-        name: Cow::Borrowed("irq bnxt_re_nq"),
-        what: "hard IRQ handlers of bnxt_re notification queues (bnxt_re-nq-<n>@pci:<bdf>)",
-        driver: Driver::BnxtRe,
-        shape: Shape::Irq {
-            patterns: Patterns::Table(&["bnxt_re-nq-*"]),
-        },
-        methods: TRACEPOINT,
-        zero_note: None,
-        module: None,
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("bnxt_qplib_nq_irq"),
-        what: "bnxt_re notification queue interrupt handler (hard IRQ): schedules the NQ tasklet",
-        driver: Driver::BnxtRe,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("bnxt_qplib_nq_irq"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("bnxt_re"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("bnxt_qplib_service_nq"),
-        what: "bnxt_re NQ tasklet: walks the notification queue, one CQ per CQ notification",
-        driver: Driver::BnxtRe,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("bnxt_qplib_service_nq"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("bnxt_re"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("bnxt_re_cqn_handler"),
-        what: "bnxt_re calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
-        driver: Driver::BnxtRe,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("bnxt_re_cqn_handler"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some("only armed CQs (event mode) get completion callbacks"),
-        module: Some("bnxt_re"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("bnxt_re_poll_cq"),
-        what: "kernel-side polling of a bnxt_re CQ (kernel consumers only)",
-        driver: Driver::BnxtRe,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("bnxt_re_poll_cq"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some(
-            "serves kernel consumers only: user space polls bnxt_re CQs in rdma-core's provider: expected 0 for the demos",
-        ),
-        module: Some("bnxt_re"),
-        since: None,
-        role: Role::Stage,
-    },
+    ProbeDef::irq(
+        Driver::BnxtRe,
+        "irq bnxt_re_nq",
+        &["bnxt_re-nq-*"],
+        "hard IRQ handlers of bnxt_re notification queues (bnxt_re-nq-<n>@pci:<bdf>)",
+    ),
+    ProbeDef::module_function(
+        Driver::BnxtRe,
+        "bnxt_re",
+        "bnxt_qplib_nq_irq",
+        "bnxt_re notification queue interrupt handler (hard IRQ): schedules the NQ tasklet",
+    ),
+    ProbeDef::module_function(
+        Driver::BnxtRe,
+        "bnxt_re",
+        "bnxt_qplib_service_nq",
+        "bnxt_re NQ tasklet: walks the notification queue, one CQ per CQ notification",
+    ),
+    ProbeDef::module_function(
+        Driver::BnxtRe,
+        "bnxt_re",
+        "bnxt_re_cqn_handler",
+        "bnxt_re calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
+    )
+    .zero_note("only armed CQs (event mode) get completion callbacks"),
+    ProbeDef::module_function(
+        Driver::BnxtRe,
+        "bnxt_re",
+        "bnxt_re_poll_cq",
+        "kernel-side polling of a bnxt_re CQ (kernel consumers only)",
+    )
+    .zero_note("serves kernel consumers only: user space polls bnxt_re CQs in rdma-core's provider: expected 0 for the demos"),
     // ---- mana_ib (6.12): IRQ mana_q<n>@pci:<bdf> (shared with the Ethernet queues) →
     // mana_gd_intr → mana_gd_process_eq_events (EQ) → mana_ib_cq_handler → comp_handler.
-    ProbeDef {
-        name: Cow::Borrowed("irq mana_q"),
-        what: "hard IRQ handlers of MANA queue vectors (mana_q<n>@pci:<bdf>; shared with Ethernet)",
-        driver: Driver::Mana,
-        shape: Shape::Irq {
-            patterns: Patterns::Table(&["mana_q*"]),
-        },
-        methods: TRACEPOINT,
-        zero_note: None,
-        module: None,
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("mana_gd_intr"),
-        what: "MANA interrupt handler (hard IRQ): runs the handler of every EQ on the vector",
-        driver: Driver::Mana,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("mana_gd_intr"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("mana"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("mana_gd_process_eq_events"),
-        what: "MANA EQ handler: walks the EQ, calls each completed CQ's callback",
-        driver: Driver::Mana,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("mana_gd_process_eq_events"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("mana"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("mana_ib_cq_handler"),
-        what: "mana_ib calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
-        driver: Driver::Mana,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("mana_ib_cq_handler"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some("only armed CQs (event mode) get completion callbacks"),
-        module: Some("mana_ib"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("mana_ib_poll_cq"),
-        what: "kernel-side polling of a mana_ib CQ (kernel consumers only)",
-        driver: Driver::Mana,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("mana_ib_poll_cq"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some(
-            "serves kernel consumers only: user space polls MANA CQs in rdma-core's provider: expected 0 for the demos",
-        ),
-        module: Some("mana_ib"),
-        since: Some((6, 15)),
-        role: Role::Stage,
-    },
+    ProbeDef::irq(
+        Driver::Mana,
+        "irq mana_q",
+        &["mana_q*"],
+        "hard IRQ handlers of MANA queue vectors (mana_q<n>@pci:<bdf>; shared with Ethernet)",
+    ),
+    ProbeDef::module_function(
+        Driver::Mana,
+        "mana",
+        "mana_gd_intr",
+        "MANA interrupt handler (hard IRQ): runs the handler of every EQ on the vector",
+    ),
+    ProbeDef::module_function(
+        Driver::Mana,
+        "mana",
+        "mana_gd_process_eq_events",
+        "MANA EQ handler: walks the EQ, calls each completed CQ's callback",
+    ),
+    ProbeDef::module_function(
+        Driver::Mana,
+        "mana_ib",
+        "mana_ib_cq_handler",
+        "mana_ib calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
+    )
+    .zero_note("only armed CQs (event mode) get completion callbacks"),
+    ProbeDef::module_function(
+        Driver::Mana,
+        "mana_ib",
+        "mana_ib_poll_cq",
+        "kernel-side polling of a mana_ib CQ (kernel consumers only)",
+    )
+    .zero_note("serves kernel consumers only: user space polls MANA CQs in rdma-core's provider: expected 0 for the demos")
+    .since(6, 15),
     // ---- rxe: packets arrive through the network stack; responder/completer post CQEs
-    ProbeDef {
-        name: Cow::Borrowed("rxe_udp_encap_recv"),
-        what: "a RoCE v2 UDP packet reaches rxe from the IP stack",
-        driver: Driver::Rxe,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("rxe_udp_encap_recv"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some("traffic inside one rxe device loops back without the IP stack"),
-        module: Some("rdma_rxe"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("rxe_rcv"),
-        what: "rxe validates a received packet and hands it to the responder or completer",
-        driver: Driver::Rxe,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("rxe_rcv"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("rdma_rxe"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("rxe_requester"),
-        what: "rxe requester task: turns send WQEs into packets",
-        driver: Driver::Rxe,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("rxe_requester"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("rdma_rxe"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("rxe_responder"),
-        what: "rxe responder task: executes incoming requests (RECV, WRITE, READ, atomics)",
-        driver: Driver::Rxe,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("rxe_responder"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("rdma_rxe"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("rxe_completer"),
-        what: "rxe completer task: retires acknowledged send WQEs",
-        driver: Driver::Rxe,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("rxe_completer"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("rdma_rxe"),
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("rxe_cq_post"),
-        what: "rxe writes a completion into a CQ (and notifies, when armed)",
-        driver: Driver::Rxe,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("rxe_cq_post"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: None,
-        module: Some("rdma_rxe"),
-        since: None,
-        role: Role::Progress,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("rxe_poll_cq"),
-        what: "kernel-side polling of an rxe CQ (kernel consumers only)",
-        driver: Driver::Rxe,
-        shape: Shape::Duration {
-            function: Cow::Borrowed("rxe_poll_cq"),
-        },
-        methods: MODULE_FUNC,
-        zero_note: Some(
-            "the rxe provider polls the CQ mapped into user space, without the kernel: expected 0, not a bug",
-        ),
-        module: Some("rdma_rxe"),
-        since: None,
-        role: Role::Stage,
-    },
+    ProbeDef::module_function(
+        Driver::Rxe,
+        "rdma_rxe",
+        "rxe_udp_encap_recv",
+        "a RoCE v2 UDP packet reaches rxe from the IP stack",
+    )
+    .zero_note("traffic inside one rxe device loops back without the IP stack"),
+    ProbeDef::module_function(
+        Driver::Rxe,
+        "rdma_rxe",
+        "rxe_rcv",
+        "rxe validates a received packet and hands it to the responder or completer",
+    ),
+    ProbeDef::module_function(
+        Driver::Rxe,
+        "rdma_rxe",
+        "rxe_requester",
+        "rxe requester task: turns send WQEs into packets",
+    ),
+    ProbeDef::module_function(
+        Driver::Rxe,
+        "rdma_rxe",
+        "rxe_responder",
+        "rxe responder task: executes incoming requests (RECV, WRITE, READ, atomics)",
+    ),
+    ProbeDef::module_function(
+        Driver::Rxe,
+        "rdma_rxe",
+        "rxe_completer",
+        "rxe completer task: retires acknowledged send WQEs",
+    ),
+    ProbeDef::module_function(
+        Driver::Rxe,
+        "rdma_rxe",
+        "rxe_cq_post",
+        "rxe writes a completion into a CQ (and notifies, when armed)",
+    )
+    .progress(),
+    ProbeDef::module_function(
+        Driver::Rxe,
+        "rdma_rxe",
+        "rxe_poll_cq",
+        "kernel-side polling of an rxe CQ (kernel consumers only)",
+    )
+    .zero_note("the rxe provider polls the CQ mapped into user space, without the kernel: expected 0, not a bug"),
     // ---- network and interrupts
     ProbeDef {
         name: Cow::Borrowed("__napi_poll"),
@@ -644,41 +525,14 @@ pub const PROBES: &[ProbeDef] = &[
         since: None,
         role: Role::Stage,
     },
-    ProbeDef {
-        name: Cow::Borrowed("softirq NET_RX"),
-        what: "NET_RX softirq runs (receive processing, NAPI polls)",
-        driver: Driver::Network,
-        shape: Shape::Softirq { vector: 3 },
-        methods: TRACEPOINT,
-        zero_note: None,
-        module: None,
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("softirq TASKLET"),
-        what: "TASKLET softirq runs (mlx5 completion tasklets, rxe on 6.1)",
-        driver: Driver::Network,
-        shape: Shape::Softirq { vector: 6 },
-        methods: TRACEPOINT,
-        zero_note: None,
-        module: None,
-        since: None,
-        role: Role::Stage,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("irq nic"),
-        what: "hard IRQ handlers of NIC queues (virtio input, mlx5 async/ctrl)",
-        driver: Driver::Network,
-        shape: Shape::Irq {
-            patterns: Patterns::Table(&["virtio*-input*", "mlx5_async*", "eth*", "ens*", "enp*"]),
-        },
-        methods: TRACEPOINT,
-        zero_note: None,
-        module: None,
-        since: None,
-        role: Role::Stage,
-    },
+    ProbeDef::softirq("softirq NET_RX", 3, "NET_RX softirq runs (receive processing, NAPI polls)"),
+    ProbeDef::softirq("softirq TASKLET", 6, "TASKLET softirq runs (mlx5 completion tasklets, rxe on 6.1)"),
+    ProbeDef::irq(
+        Driver::Network,
+        "irq nic",
+        &["virtio*-input*", "mlx5_async*", "eth*", "ens*", "enp*"],
+        "hard IRQ handlers of NIC queues (virtio input, mlx5 async/ctrl)",
+    ),
 ];
 
 /// `*` matches any text (also none); everything else matches itself.

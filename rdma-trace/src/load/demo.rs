@@ -1,9 +1,46 @@
 //! The bundled rdma-demo as a command rdma-trace knows how to find and read: where its binary
-//! is, and what its exit status means.
+//! is, what its exit status means, and its output read while it runs.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt as _},
+    process::Child,
+    task::JoinHandle,
+};
+
+/// The demo's stdout and stderr, each read to the end by a task of its own while the demo runs
+/// (so it never blocks on a full pipe).
+pub struct Output {
+    stdout: JoinHandle<String>,
+    stderr: JoinHandle<String>,
+}
+
+impl Output {
+    /// Starts reading the piped stdout and stderr of `child`.
+    pub fn capture(child: &mut Child) -> Result<Output> {
+        let stdout = child.stdout.take().context("demo stdout")?;
+        let stderr = child.stderr.take().context("demo stderr")?;
+        Ok(Output {
+            stdout: tokio::spawn(read_all(stdout)),
+            stderr: tokio::spawn(read_all(stderr)),
+        })
+    }
+
+    /// What the demo wrote to stdout and to stderr (as far as it could be read).
+    pub async fn finish(self) -> (String, String) {
+        let stdout = self.stdout.await.unwrap_or_default();
+        let stderr = self.stderr.await.unwrap_or_default();
+        (stdout, stderr)
+    }
+}
+
+async fn read_all(mut pipe: impl AsyncRead + Unpin) -> String {
+    let mut s = String::new();
+    let _ = pipe.read_to_string(&mut s).await;
+    s
+}
 
 /// The rdma-demo binary: `given`, else next to rdma-trace, else on PATH.
 pub fn binary(given: Option<&Path>) -> Result<PathBuf> {

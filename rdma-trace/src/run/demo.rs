@@ -10,7 +10,6 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow};
 use serde::Serialize;
-use tokio::io::AsyncReadExt as _;
 
 use super::config::{Mode, RunConfig};
 use crate::bpf::loader::check_privileges;
@@ -370,23 +369,10 @@ async fn run_demo(
         // The uprobes count the demo only.
         src.session.watch_pid(pid)?;
     }
-    let mut stdout_pipe = child.stdout.take().context("demo stdout")?;
-    let mut stderr_pipe = child.stderr.take().context("demo stderr")?;
-    let read_out = tokio::spawn(async move {
-        let mut s = String::new();
-        let _ = stdout_pipe.read_to_string(&mut s).await;
-        s
-    });
-    let read_err = tokio::spawn(async move {
-        let mut s = String::new();
-        let _ = stderr_pipe.read_to_string(&mut s).await;
-        s
-    });
+    let output = crate::load::demo::Output::capture(&mut child)?;
     let window = live.watch(src, args.duration, Some(&mut child)).await?;
-    let out = DemoOutput {
-        stdout: read_out.await.unwrap_or_default(),
-        stderr: read_err.await.unwrap_or_default(),
-    };
+    let (stdout, stderr) = output.finish().await;
+    let out = DemoOutput { stdout, stderr };
     let value = std::fs::read(&json)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
