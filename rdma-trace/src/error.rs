@@ -5,6 +5,12 @@
 #[error("{0}")]
 pub struct Unsupported(pub String);
 
+/// The command line asks for something that cannot act in this mode (exit code 2, as clap's
+/// own usage errors).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
 /// The bundled rdma-demo that `run` or `verify` spawned failed (exit code 5); the message
 /// carries the demo's own status and what it said.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +36,7 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 pub mod exit {
     pub const OK: u8 = 0;
     pub const FAILURE: u8 = 1;
+    pub const USAGE: u8 = 2;
     pub const UNSUPPORTED: u8 = 3;
     /// `verify`: the data phase touched a socket.
     pub const SOCKET_IN_DATA_PHASE: u8 = 4;

@@ -175,6 +175,8 @@ fn main() -> ExitCode {
                 ExitCode::from(exit::DEMO_FAILED)
             } else if e.downcast_ref::<cmd::verify::SocketInDataPhase>().is_some() {
                 ExitCode::from(exit::SOCKET_IN_DATA_PHASE)
+            } else if e.downcast_ref::<error::Usage>().is_some() {
+                ExitCode::from(exit::USAGE)
             } else if e.downcast_ref::<Unsupported>().is_some() {
                 ExitCode::from(exit::UNSUPPORTED)
             } else {

@@ -239,8 +239,8 @@ fn run_both_modes_between_rxe0_and_rxe1() {
     let run = run_demo("both", iters, &[], "run-both");
     run.assert_success("rdma-trace run");
     let (report, stdout) = (&run.report, &run.stdout);
-    assert_eq!(report["server_device"], "rxe0");
-    assert_eq!(report["client_device"], "rxe1");
+    assert_eq!(report["load"]["demo"]["server_device"], "rxe0");
+    assert_eq!(report["load"]["demo"]["client_device"], "rxe1");
     let (poll, event) = (&report["phases"][0], &report["phases"][1]);
     assert_eq!(poll["mode"], "poll");
     assert_eq!(event["mode"], "event");
@@ -744,8 +744,8 @@ fn run_without_devices_uses_a_temporary_soft_roce_device_and_leaves_routing_alon
         "{stderr}"
     );
     let report = &run.report;
-    assert_eq!(report["server_device"], "rdmatrace0");
-    assert_eq!(report["client_device"], "rdmatrace0");
+    assert_eq!(report["load"]["demo"]["server_device"], "rdmatrace0");
+    assert_eq!(report["load"]["demo"]["client_device"], "rdmatrace0");
     assert!(
         !std::path::Path::new("/sys/class/infiniband/rdmatrace0").exists(),
         "device left behind"

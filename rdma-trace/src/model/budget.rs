@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::{
     bpf::calibrate::Calibration,
     kernel::{plan::Options, probes::ProbeDef},
-    model::overhead::{Added, ProgramOverhead},
+    model::overhead::{Added, Overhead, ProgramOverhead},
 };
 
 /// `--overhead-budget PCT`: a percentage in (0, 100].
@@ -126,6 +126,7 @@ pub fn added(costs: &[ProgramCost], round_trips: u64, round_trip_us: f64) -> Opt
     let total: f64 = costs.iter().map(|c| c.cost_ns).sum();
     let us = total / round_trips as f64 / 1e3;
     Some(Added {
+        per: "round trip",
         us_per_round_trip: us,
         percent: 100.0 * us / round_trip_us,
         round_trip_us,
@@ -239,6 +240,45 @@ pub fn render_drops(drops: &[Dropped], budget_percent: f64) -> String {
         ));
     }
     out
+}
+
+/// The overhead budget of a run.
+#[derive(Clone, Copy)]
+pub struct Budget<'a> {
+    pub percent: f64,
+    pub enforce: bool,
+    pub calibration: Option<&'a Calibration>,
+}
+
+impl Budget<'_> {
+    pub fn added(&self, o: &Overhead, round_trips: u64, rtt_us: f64) -> Option<Added> {
+        added(&costs(&o.programs, self.calibration), round_trips, rtt_us)
+    }
+
+    /// The report's lines about the budget.
+    pub fn verdict(&self, added: Option<&Added>, dropped: &[Dropped]) -> String {
+        let mut out = String::new();
+        if !dropped.is_empty() {
+            out.push_str(&render_drops(dropped, self.percent));
+            out.push_str("  (the estimate above counts what is left after the drop)\n");
+        }
+        match added {
+            Some(a) if a.percent > self.percent && !self.enforce => out.push_str(&format!(
+                "  over the {} % overhead budget: --enforce would drop the most expensive programs\n",
+                self.percent
+            )),
+            Some(a) if a.percent > self.percent => out.push_str(&format!(
+                "  still over the {} % overhead budget\n",
+                self.percent
+            )),
+            Some(_) => out.push_str(&format!(
+                "  within the {} % overhead budget\n",
+                self.percent
+            )),
+            None => {}
+        }
+        out
+    }
 }
 
 #[cfg(test)]

@@ -137,6 +137,9 @@ impl Overhead {
 /// What tracing adds to one round trip.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Added {
+    /// What the estimate is per: `round trip` (the demo's), or `completion event` (a
+    /// workload's, counted by ib_uverbs_comp_handler).
+    pub per: &'static str,
     pub us_per_round_trip: f64,
     /// In % of the measured (traced) round trip.
     pub percent: f64,
@@ -147,8 +150,9 @@ pub struct Added {
 impl Added {
     pub fn render(&self) -> String {
         format!(
-            "tracing adds ≈ {} per round trip ({:.1} % of {})",
+            "tracing adds ≈ {} per {} ({:.1} % of {})",
             human_us(self.us_per_round_trip),
+            self.per,
             self.percent,
             human_us(self.round_trip_us)
         )

@@ -69,12 +69,57 @@ pub struct RunConfig {
 impl RunConfig {
     /// The live view (or, without a terminal or with `--no-tui`, the text view) of a run.
     pub fn live_view(&self) -> Live {
-        let json_on_stdout = self.json.as_deref() == Some(Path::new("-"));
         Live::new(
             "rdma-trace run",
             !self.no_tui,
             self.interval,
-            json_on_stdout,
+            self.json_on_stdout(),
         )
+    }
+
+    /// `--json -`: stdout carries the JSON document and nothing else.
+    pub fn json_on_stdout(&self) -> bool {
+        self.json.as_deref() == Some(Path::new("-"))
+    }
+
+    /// Prints text of the report: on stdout, or on stderr when stdout carries the JSON.
+    pub fn print(&self, text: &str) {
+        if self.json_on_stdout() {
+            eprint!("{text}");
+        } else {
+            print!("{text}");
+        }
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+
+    /// A demo run's configuration with the command line's defaults.
+    pub fn config() -> RunConfig {
+        RunConfig {
+            load: Load::Demo,
+            duration: None,
+            json: None,
+            no_tui: true,
+            interval: None,
+            probes: Preset::Default,
+            all_drivers: false,
+            uprobes: false,
+            overhead_budget: 5.0,
+            enforce: false,
+            no_waterfall: true,
+            sample: 0,
+            timeline: None,
+            timeline_sample: 20,
+            timeline_max_events: 100_000,
+            mode: Mode::Event,
+            iterations: 10,
+            size: 64,
+            device: None,
+            server_device: None,
+            demo: None,
+        }
     }
 }

@@ -9,12 +9,13 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow};
-use serde::Serialize;
 
-use super::config::{Mode, RunConfig};
+use super::{
+    config::{Mode, RunConfig},
+    report::{LoadInfo, Phase, RunReport, completion_mode},
+};
 use crate::bpf::loader::check_privileges;
 use crate::{
-    bpf::calibrate::Calibration,
     bpf::loader::ProbeData,
     bpf::session::Session,
     bpf::stats::ProgramStat,
@@ -24,7 +25,7 @@ use crate::{
     kernel::probes::PROBES,
     load::softroce,
     model::baseline::{Baseline, delta},
-    model::budget::{self, Dropped},
+    model::budget::{self, Budget, Dropped},
     model::overhead::Added,
     model::overhead::{LoaderUsage, Overhead},
     model::report::{ProbeReport, probe_reports, render},
@@ -38,39 +39,6 @@ use crate::{
 
 /// `$TMPDIR/rdma-trace-XXXXXX`: where the demo writes its JSON.
 const DEMO_DIR_PREFIX: &str = "rdma-trace-";
-
-#[derive(Serialize)]
-struct Report {
-    kernel: Option<String>,
-    server_device: String,
-    client_device: String,
-    iterations: u32,
-    size: u32,
-    /// Per-hit cost of each attach mechanism, measured at start.
-    calibration: Option<Calibration>,
-    overhead_budget_percent: f64,
-    phases: Vec<Phase>,
-    /// Per-event waterfall records (`--sample N`), every phase.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    waterfall_samples: Option<Vec<waterfall::SampleRecord>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    timeline: Option<crate::views::timeline::Summary>,
-}
-
-#[derive(Serialize)]
-struct Phase {
-    mode: Mode,
-    window: Window,
-    /// The demo's own `--json` results.
-    demo: serde_json::Value,
-    probes: Vec<ProbeReport>,
-    /// What tracing cost during this phase.
-    overhead: Overhead,
-    /// Programs `--enforce` detached (during this phase).
-    dropped: Vec<Dropped>,
-    /// Per process and thread: stages of the completion events read in this phase.
-    waterfall: Option<WaterfallReport>,
-}
 
 /// A failing demo is an error (`DemoFailed`, exit 5), a stop signal too (`Stopped`).
 pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
@@ -202,14 +170,16 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         if live.is_screen() {
             deferred.push_str(&text);
         } else {
-            print!("{text}");
+            args.print(&text);
         }
         let status = window.command_status;
         phases.push(Phase {
-            mode,
+            mode: Some(mode),
             window: window.clone(),
-            demo: demo_json,
+            completion_mode: completion_mode(&probes).0,
+            demo: Some(demo_json),
             probes,
+            processes: Vec::new(),
             overhead,
             dropped,
             waterfall: wf_report,
@@ -247,7 +217,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         false
     };
     live.close();
-    print!("{deferred}");
+    args.print(&deferred);
     if interrupted {
         stopped = Some(crate::signals::received().unwrap_or(Stop(libc::SIGINT)));
     }
@@ -256,21 +226,18 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
     let waterfall_samples = wf.as_ref().map(|w| waterfall::records(&w.samples()));
     drop(wf);
     if phases.len() == 2 {
-        println!("\n{}", compare(&phases[0], &phases[1]));
+        args.print(&format!("\n{}\n", compare(&phases[0], &phases[1])));
     }
     if let Some(path) = &args.json {
-        let report = Report {
-            kernel: kernel.release(),
-            server_device: server,
-            client_device: client,
-            iterations: args.iterations,
-            size: args.size,
-            calibration,
-            overhead_budget_percent: args.overhead_budget,
-            phases,
-            waterfall_samples: (args.sample > 0).then_some(waterfall_samples).flatten(),
-            timeline,
-        };
+        let mut report = RunReport::new(
+            args,
+            kernel.release(),
+            LoadInfo::demo(args, &server, &client),
+        );
+        report.calibration = calibration;
+        report.phases = phases;
+        report.waterfall_samples = (args.sample > 0).then_some(waterfall_samples).flatten();
+        report.timeline = timeline;
         write_json(path, &report)?;
     }
     if let Some(e) = failure {
@@ -379,49 +346,6 @@ async fn run_demo(
         .unwrap_or(serde_json::Value::Null);
     drop(dir);
     Ok((window, value, out))
-}
-
-/// The overhead budget of a run.
-#[derive(Clone, Copy)]
-struct Budget<'a> {
-    percent: f64,
-    enforce: bool,
-    calibration: Option<&'a Calibration>,
-}
-
-impl Budget<'_> {
-    fn added(&self, o: &Overhead, round_trips: u64, rtt_us: f64) -> Option<Added> {
-        budget::added(
-            &budget::costs(&o.programs, self.calibration),
-            round_trips,
-            rtt_us,
-        )
-    }
-
-    /// The report's lines about the budget.
-    fn verdict(&self, added: Option<&Added>, dropped: &[Dropped]) -> String {
-        let mut out = String::new();
-        if !dropped.is_empty() {
-            out.push_str(&budget::render_drops(dropped, self.percent));
-            out.push_str("  (the estimate above counts what is left after the drop)\n");
-        }
-        match added {
-            Some(a) if a.percent > self.percent && !self.enforce => out.push_str(&format!(
-                "  over the {} % overhead budget: --enforce would drop the most expensive programs\n",
-                self.percent
-            )),
-            Some(a) if a.percent > self.percent => out.push_str(&format!(
-                "  still over the {} % overhead budget\n",
-                self.percent
-            )),
-            Some(_) => out.push_str(&format!(
-                "  within the {} % overhead budget\n",
-                self.percent
-            )),
-            None => {}
-        }
-        out
-    }
 }
 
 /// The demo's mean round trip (µs), from its `--json` results.
@@ -664,9 +588,10 @@ fn compare(poll: &Phase, event: &Phase) -> String {
          ibv_get_cq_event; the wake-up (scheduler latency, softirq/tasklet delivery) is added to every \
          round trip, in exchange for an idle CPU while waiting.\n",
     );
+    let no_results = serde_json::Value::Null;
     out.push_str(&waterfall::explain_phases(
-        &poll.demo,
-        &event.demo,
+        poll.demo.as_ref().unwrap_or(&no_results),
+        event.demo.as_ref().unwrap_or(&no_results),
         event.waterfall.as_ref(),
     ));
     out
@@ -675,31 +600,12 @@ fn compare(poll: &Phase, event: &Phase) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{model::budget::Preset, run::config::Load};
 
     fn args(device: Option<&str>, server: Option<&str>) -> RunConfig {
         RunConfig {
-            mode: Mode::Event,
-            iterations: 10,
-            size: 64,
             device: device.map(str::to_owned),
             server_device: server.map(str::to_owned),
-            duration: None,
-            json: None,
-            no_tui: true,
-            interval: None,
-            all_drivers: false,
-            uprobes: false,
-            demo: None,
-            overhead_budget: 5.0,
-            enforce: false,
-            probes: Preset::Default,
-            sample: 0,
-            no_waterfall: true,
-            load: Load::Demo,
-            timeline: None,
-            timeline_sample: 20,
-            timeline_max_events: 100_000,
+            ..crate::run::config::tests::config()
         }
     }
 

@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod demo;
+pub mod report;
 pub mod workload;
 
 use anyhow::Result;

@@ -2,64 +2,30 @@
 //! report and JSON over any workload instead of the demo, plus per-process counts and the
 //! optional `--timeline`.
 
-use std::{
-    borrow::Cow,
-    collections::{BTreeMap, HashMap},
-    time::Duration,
+use std::{collections::HashMap, time::Duration};
+
+use anyhow::{Result, anyhow, bail};
+
+use super::{
+    config::RunConfig,
+    report::{LoadInfo, Phase, ProcessReport, RunReport, completion_mode},
 };
-
-use anyhow::{Result, bail};
-use serde::Serialize;
-
-use super::config::RunConfig;
 use crate::bpf::loader::check_privileges;
 use crate::{
     bpf::session::Session,
+    error::Usage,
     kernel::facts::Kernel,
     kernel::plan::Options,
     kernel::probes::PROBES,
     load::workload::{self, Extra, ProcessCounts, Target},
     model::baseline::{Baseline, delta},
-    model::overhead::Overhead,
-    model::report::{ProbeReport, probe_reports, render},
+    model::budget::Budget,
+    model::overhead::Added,
+    model::report::{probe_reports, render},
     model::sample::{Sample, Source},
-    model::window::Window,
     output::write_json,
     views::timeline,
 };
-
-#[derive(Serialize)]
-struct Report {
-    kernel: Option<String>,
-    target: Target,
-    window: Window,
-    /// What the workload used: `completion events` (a CQ with a completion channel got
-    /// completions) or `none`.
-    completion_mode: &'static str,
-    probes: Vec<ProbeReport>,
-    processes: Vec<ProcessReport>,
-    overhead: Overhead,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    timeline: Option<timeline::Summary>,
-    /// Completion waterfall of every thread that read completion events meanwhile.
-    waterfall: Option<crate::waterfall::WaterfallReport>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    waterfall_samples: Option<Vec<crate::waterfall::SampleRecord>>,
-}
-
-#[derive(Serialize)]
-struct ProcessReport {
-    pid: u32,
-    comm: String,
-    /// Completion events it read (calls of ib_uverbs_comp_event_read in its context), when
-    /// that function is traced.
-    completion_events_read: Option<u64>,
-    /// Probe events while one of its threads was current (its syscalls, and softirqs that ran on
-    /// its time), by probe.
-    probes: BTreeMap<Cow<'static, str>, u64>,
-    /// Calls of traced kernel functions in its context, by function.
-    calls: BTreeMap<Cow<'static, str>, u64>,
-}
 
 /// `--timeline` while a run lasts: the file (opened before anything is attached) and the
 /// thread that drains the records.
@@ -130,7 +96,7 @@ pub fn finish_timeline(
         tl.add_waterfall(&w.timeline_events());
     }
     let summary = tl.write(run.file, path)?;
-    println!("{}", summary_line(&summary));
+    args.print(&format!("{}\n", summary_line(&summary)));
     Ok(Some(summary))
 }
 
@@ -163,6 +129,13 @@ const ALL_LISTED: usize = 20;
 /// Check what can be checked before anything is attached: the command, the pids, the
 /// timeline path.
 fn preflight(args: &RunConfig, target: &Target) -> Result<Option<std::fs::File>> {
+    if args.enforce {
+        return Err(anyhow!(Usage(
+            "--enforce detaches programs by the demo's round trips; with -- CMD, --pid or --all \
+             the budget is reported (per completion event) but not enforced: leave --enforce out"
+                .to_owned()
+        )));
+    }
     match target {
         Target::Command(cmd) => {
             workload::resolve_command(&cmd[0])?;
@@ -185,15 +158,20 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     crate::bpf::loader::prepare_loaders(if args.no_waterfall { 1 } else { 2 });
     let kernel = Kernel::live();
     let extra = Extra::for_target(&target, timeline_file.is_some())?;
+    let defs = args.probes.select(PROBES);
     let mut session = Session::start_with(
         &kernel,
-        PROBES,
-        Options {
+        &defs,
+        args.probes.options(Options {
             all_drivers: args.all_drivers,
             uprobes: args.uprobes,
-        },
+        }),
         &extra.object_config(),
     )?;
+    // As for the demo: the umask calls of the calibration hit none of the session's probes.
+    let calibration = session.calibrate();
+    crate::startup::step("calibration");
+    eprintln!("rdma-trace: {}", calibration.render());
     let recorder = start(&mut session, &extra, timeline_file, args)?;
     let mut watched = Vec::new();
     if let Target::Pids(pids) = &target {
@@ -266,7 +244,8 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     live.close();
     if let Some(h) = held {
         let (out, err) = h.take().await;
-        print!("{out}");
+        // The command's own output; with `--json -`, stdout is the JSON document's.
+        args.print(&out);
         eprint!("{err}");
     }
     let processes = process_reports(&session, &target)?;
@@ -293,16 +272,24 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         .map(|w| crate::waterfall::records(&w.samples()));
     drop(wf);
 
-    let comp = probes
-        .iter()
-        .find(|p| p.name == "ib_uverbs_comp_handler" && p.skipped.is_none())
-        .map(|p| p.count);
-    let completion_mode = if comp.unwrap_or(0) > 0 {
-        "completion events"
-    } else {
-        "none"
+    let (completion_mode, comp) = completion_mode(&probes);
+    // The budget, per completion event: a workload's round trips are not known, its
+    // completion events are (each woke a waiter, or found it awake).
+    let budget = Budget {
+        percent: args.overhead_budget,
+        enforce: false,
+        calibration: Some(&calibration),
     };
-    print!(
+    let mut overhead = overhead;
+    if let Some(n) = comp.filter(|&n| n > 0) {
+        overhead.tracing_adds = budget
+            .added(&overhead, n, window.seconds * 1e6 / n as f64)
+            .map(|a| Added {
+                per: "completion event",
+                ..a
+            });
+    }
+    let mut text = format!(
         "===== {label}: {:.1} s, ended by {}{} =====\n{}\n{}\ncompletion mode seen: {}\n{}",
         window.seconds,
         window.ended_by,
@@ -310,7 +297,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
             .command_status
             .map_or(String::new(), |s| format!(" (exit status {s})")),
         render(&probes),
-        overhead.render(),
+        overhead.render() + &budget.verdict(overhead.tracing_adds.as_ref(), &[]),
         match comp {
             Some(n) if n > 0 => format!("completion events ({n} ib_uverbs_comp_handler calls)"),
             Some(_) =>
@@ -321,27 +308,29 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         render_processes(&processes, &target),
     );
     if let Some(w) = &waterfall {
-        print!("\n{}", crate::waterfall::model::render_report(w));
+        text.push_str(&format!("\n{}", crate::waterfall::model::render_report(w)));
     }
     if let Some(s) = &timeline {
-        println!("{}", summary_line(s));
+        text.push_str(&format!("{}\n", summary_line(s)));
     }
+    args.print(&text);
     if let Some(path) = &args.json {
-        write_json(
-            path,
-            &Report {
-                kernel: kernel.release(),
-                target: target.clone(),
-                window: window.clone(),
-                completion_mode,
-                probes,
-                processes,
-                overhead,
-                timeline,
-                waterfall,
-                waterfall_samples,
-            },
-        )?;
+        let mut report = RunReport::new(args, kernel.release(), LoadInfo::workload(&target));
+        report.calibration = Some(calibration);
+        report.phases.push(Phase {
+            mode: None,
+            window: window.clone(),
+            completion_mode,
+            demo: None,
+            probes,
+            processes,
+            overhead,
+            dropped: Vec::new(),
+            waterfall,
+        });
+        report.timeline = timeline;
+        report.waterfall_samples = waterfall_samples;
+        write_json(path, &report)?;
     }
     // Ctrl-C is how `--all` and `--pid` are meant to end; a CMD it cuts short.
     if (interrupted || window.interrupted()) && matches!(target, Target::Command(_)) {

@@ -215,7 +215,7 @@ wait
         "waterfall-three",
     );
     run.assert_success("rdma-trace run -- sh three.sh");
-    let report = &run.report;
+    let report = &run.report["phases"][0];
     let procs = report["waterfall"]["processes"]
         .as_array()
         .expect("waterfall processes");

@@ -73,7 +73,8 @@ fn kernel_6_1() -> bool {
     kernel_release().starts_with("6.1.")
 }
 
-/// `rdma-trace run --no-tui --json J [extra] -- sh -c CMD`: (status, stdout, report).
+/// `rdma-trace run --no-tui --json J [extra] -- sh -c CMD`: (status, stdout, the JSON
+/// document).
 fn run_cmd(extra: &[&str], cmd: &str, name: &str) -> (Option<i32>, String, Value) {
     let out = run_json(
         &[&["run", "--no-tui"], extra, &["--", "sh", "-c", cmd]].concat(),
@@ -81,6 +82,16 @@ fn run_cmd(extra: &[&str], cmd: &str, name: &str) -> (Option<i32>, String, Value
     );
     assert!(!out.report.is_null(), "no report; stderr: {}", out.stderr);
     (out.status.code(), out.stdout, out.report)
+}
+
+/// A workload run's one phase, after checking the document's shape: schema 1, one phase, the
+/// load named with `kind`.
+fn only_phase<'a>(doc: &'a Value, kind: &str) -> &'a Value {
+    assert_eq!(doc["schema_version"], 1, "{doc}");
+    assert_eq!(doc["load"]["kind"], kind, "{}", doc["load"]);
+    let phases = doc["phases"].as_array().expect("phases");
+    assert_eq!(phases.len(), 1, "a workload run has one window");
+    &phases[0]
 }
 
 fn probe_count(report: &Value, name: &str) -> u64 {
@@ -101,18 +112,19 @@ fn processes<'a>(report: &'a Value, comm: &str) -> Vec<&'a Value> {
 #[test]
 fn run_cmd_ibv_rc_pingpong_event_pair_counts_completion_events_per_process() {
     let iters = 300;
-    let (status, stdout, report) = run_cmd(&[], &rc_pingpong_pair(true, iters, 18_601), "rc-e");
+    let (status, stdout, doc) = run_cmd(&[], &rc_pingpong_pair(true, iters, 18_601), "rc-e");
+    let report = only_phase(&doc, "command");
     assert_eq!(status, Some(0), "{stdout}");
     assert_eq!(report["window"]["ended_by"], "command");
     assert_eq!(report["window"]["command_status"], 0);
     assert_eq!(report["completion_mode"], "completion events");
-    let handled = probe_count(&report, "ib_uverbs_comp_handler");
+    let handled = probe_count(report, "ib_uverbs_comp_handler");
     assert!(
         handled >= u64::from(iters),
         "{handled} completion events for {iters} iterations"
     );
     // Both processes, each reading completion events; their reads add up to the events.
-    let both = processes(&report, "ibv_rc_pingpong");
+    let both = processes(report, "ibv_rc_pingpong");
     assert_eq!(both.len(), 2, "{}", report["processes"]);
     let pids: Vec<u64> = both.iter().map(|p| p["pid"].as_u64().unwrap()).collect();
     assert_ne!(pids[0], pids[1]);
@@ -133,13 +145,14 @@ fn run_cmd_ibv_rc_pingpong_event_pair_counts_completion_events_per_process() {
 
 #[test]
 fn run_cmd_ibv_rc_pingpong_polling_pair_takes_no_completion_events() {
-    let (status, stdout, report) = run_cmd(&[], &rc_pingpong_pair(false, 300, 18_602), "rc-p");
+    let (status, stdout, doc) = run_cmd(&[], &rc_pingpong_pair(false, 300, 18_602), "rc-p");
+    let report = only_phase(&doc, "command");
     assert_eq!(status, Some(0), "{stdout}");
-    assert_eq!(probe_count(&report, "ib_uverbs_comp_handler"), 0);
+    assert_eq!(probe_count(report, "ib_uverbs_comp_handler"), 0);
     assert_eq!(report["completion_mode"], "none");
     // The traffic itself was seen: rxe posted the completions.
-    assert!(probe_count(&report, "rxe_cq_post") >= 300);
-    let both = processes(&report, "ibv_rc_pingpong");
+    assert!(probe_count(report, "rxe_cq_post") >= 300);
+    let both = processes(report, "ibv_rc_pingpong");
     assert_eq!(both.len(), 2, "{}", report["processes"]);
     for p in both {
         assert_eq!(p["completion_events_read"], 0, "{p}");
@@ -159,7 +172,8 @@ fn run_cmd_ibv_rc_pingpong_polling_pair_takes_no_completion_events() {
 fn run_cmd_ib_send_lat_event_pair() {
     let on_6_1 = kernel_6_1();
     let limit = if on_6_1 { 180 } else { 60 };
-    let (status, stdout, report) = run_cmd(&[], &send_lat_pair(true, 300, 18_603, limit), "sl-e");
+    let (status, stdout, doc) = run_cmd(&[], &send_lat_pair(true, 300, 18_603, limit), "sl-e");
+    let report = only_phase(&doc, "command");
     // `timeout` ends a stalled side: 124, or 143 when the TERM reached the shell first.
     let stalled = matches!(status, Some(124 | 143)) && !on_6_1;
     if stalled {
@@ -176,8 +190,8 @@ fn run_cmd_ib_send_lat_event_pair() {
     }
     assert_eq!(report["window"]["command_status"], status.unwrap_or(-1));
     assert_eq!(report["completion_mode"], "completion events");
-    let handled = probe_count(&report, "ib_uverbs_comp_handler");
-    let both = processes(&report, "ib_send_lat");
+    let handled = probe_count(report, "ib_uverbs_comp_handler");
+    let both = processes(report, "ib_send_lat");
     assert_eq!(both.len(), 2, "{}", report["processes"]);
     let mut read = 0;
     for p in &both {
@@ -193,13 +207,14 @@ fn run_cmd_ib_send_lat_event_pair() {
 
 #[test]
 fn run_cmd_ib_send_lat_polling_pair() {
-    let (status, stdout, report) = run_cmd(&[], &send_lat_pair(false, 300, 18_604, 180), "sl-p");
+    let (status, stdout, doc) = run_cmd(&[], &send_lat_pair(false, 300, 18_604, 180), "sl-p");
+    let report = only_phase(&doc, "command");
     assert_eq!(status, Some(0), "ib_send_lat pair (timeout: 124): {stdout}");
-    assert_eq!(probe_count(&report, "ib_uverbs_comp_handler"), 0);
+    assert_eq!(probe_count(report, "ib_uverbs_comp_handler"), 0);
     assert_eq!(report["completion_mode"], "none");
-    assert!(probe_count(&report, "rxe_cq_post") >= 300);
+    assert!(probe_count(report, "rxe_cq_post") >= 300);
     assert_eq!(
-        processes(&report, "ib_send_lat").len(),
+        processes(report, "ib_send_lat").len(),
         2,
         "{}",
         report["processes"]
@@ -208,17 +223,18 @@ fn run_cmd_ib_send_lat_polling_pair() {
 
 #[test]
 fn run_cmd_exits_with_the_commands_status_and_names_its_children() {
-    let (status, stdout, report) = run_cmd(&[], "sleep 0.2 & sleep 0.3 & wait; exit 7", "status");
+    let (status, stdout, doc) = run_cmd(&[], "sleep 0.2 & sleep 0.3 & wait; exit 7", "status");
+    let report = only_phase(&doc, "command");
     assert_eq!(status, Some(7), "{stdout}");
     assert_eq!(report["window"]["command_status"], 7);
     assert_eq!(report["completion_mode"], "none");
     assert_eq!(
-        processes(&report, "sleep").len(),
+        processes(report, "sleep").len(),
         2,
         "{}",
         report["processes"]
     );
-    assert_eq!(processes(&report, "sh").len(), 1, "{}", report["processes"]);
+    assert_eq!(processes(report, "sh").len(), 1, "{}", report["processes"]);
 }
 
 /// The event-mode pair that `--pid` attaches to: (program, server args, client args).
@@ -297,14 +313,15 @@ fn pid_counts_the_completion_events_of_a_running_event_mode_server() {
         last.starts_with("rdma-trace: every traced process exited"),
         "{rest}"
     );
-    let report = read_json(&json);
+    let doc = read_json(&json);
+    let report = only_phase(&doc, "pids");
     assert_eq!(report["window"]["ended_by"], "exited");
-    let traced = processes(&report, program);
+    let traced = processes(report, program);
     assert_eq!(traced.len(), 1, "{}", report["processes"]);
     assert_eq!(traced[0]["pid"], server.id());
     let read = traced[0]["completion_events_read"].as_u64().unwrap();
     assert!(read >= u64::from(iters) / 2, "server read {read} events");
-    assert!(probe_count(&report, "ib_uverbs_comp_handler") >= read);
+    assert!(probe_count(report, "ib_uverbs_comp_handler") >= read);
 }
 
 #[test]
@@ -329,17 +346,18 @@ fn all_traces_every_process_until_ctrl_c() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
     assert!(status.success(), "{status}: {rest}");
-    let report = read_json(&json);
-    assert_eq!(report["target"], "all");
+    let doc = read_json(&json);
+    let report = only_phase(&doc, "all");
+    assert_eq!(doc["load"]["target"], "all");
     assert_eq!(report["window"]["ended_by"], "interrupted");
-    let handled = probe_count(&report, "ib_uverbs_comp_handler");
+    let handled = probe_count(report, "ib_uverbs_comp_handler");
     assert!(
         handled >= 300,
         "{handled} completion handler calls: {}\n{}",
         report["probes"],
         report["processes"]
     );
-    let pp = processes(&report, "ibv_rc_pingpong");
+    let pp = processes(report, "ibv_rc_pingpong");
     assert_eq!(pp.len(), 2, "{}", report["processes"]);
     for p in pp {
         assert!(p["completion_events_read"].as_u64() > Some(0), "{p}");
@@ -417,17 +435,18 @@ fn check_trace_events(doc: &Value) -> Vec<(String, u64, u64)> {
 fn timeline_of_an_event_pair_is_valid_nested_and_bounded() {
     let path = temp_json("timeline");
     let path_s = path.to_str().unwrap().to_owned();
-    let (status, stdout, report) = run_cmd(
+    let (status, stdout, run_doc) = run_cmd(
         &["--timeline", &path_s, "--timeline-sample", "10"],
         &rc_pingpong_pair(true, 300, 18_607),
         "tl",
     );
+    only_phase(&run_doc, "command");
     assert_eq!(status, Some(0), "{stdout}");
     assert!(stdout.contains("ui.perfetto.dev"), "{stdout}");
     let doc: Value =
         serde_json::from_slice(&std::fs::read(&path).expect("timeline file")).expect("JSON");
     let slices = check_trace_events(&doc);
-    let summary = &report["timeline"];
+    let summary = &run_doc["timeline"];
     assert_eq!(
         summary["track_slices"].as_u64().unwrap(),
         slices.len() as u64
@@ -483,11 +502,12 @@ fn timeline_of_an_event_pair_is_valid_nested_and_bounded() {
     );
 
     // The size bound holds.
-    let (status, _, report) = run_cmd(
+    let (status, _, run_doc) = run_cmd(
         &["--timeline", &path_s, "--timeline-max-events", "300"],
         &rc_pingpong_pair(true, 300, 18_608),
         "tl-small",
     );
+    only_phase(&run_doc, "command");
     assert_eq!(status, Some(0));
     let doc: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let _ = std::fs::remove_file(&path);
@@ -499,7 +519,7 @@ fn timeline_of_an_event_pair_is_valid_nested_and_bounded() {
         .filter(|e| e["ph"] != "M")
         .count();
     assert!(n > 0 && n <= 300, "{n} events");
-    assert!(report["timeline"]["left_out"].as_u64().unwrap() > 0);
+    assert!(run_doc["timeline"]["left_out"].as_u64().unwrap() > 0);
 }
 
 #[test]
@@ -544,4 +564,32 @@ fn timeline_of_the_demo_run_names_the_demo_threads() {
                 && e["args"]["name"].as_str().unwrap().starts_with("rdma-demo")),
         "no track of the demo"
     );
+}
+
+#[test]
+fn json_on_stdout_is_all_of_stdout_and_a_demo_run_has_the_keys_of_a_command_run() {
+    let demo = rdma_trace(&[
+        "run",
+        "--no-tui",
+        "--mode",
+        "event",
+        "--iterations",
+        "100",
+        "--json",
+        "-",
+    ]);
+    demo.assert_success("rdma-trace run --json -");
+    let doc: Value = serde_json::from_str(&demo.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{}", demo.stdout));
+    assert_eq!(doc["load"]["kind"], "demo");
+    // The text report is not lost: it went to stderr.
+    assert!(demo.stderr.contains("--- rdma-demo ---"), "{}", demo.stderr);
+    let (status, _, cmd) = run_cmd(&[], "true", "shape");
+    assert_eq!(status, Some(0));
+    only_phase(&cmd, "command");
+    let keys =
+        |v: &Value| -> Vec<String> { v.as_object().expect("an object").keys().cloned().collect() };
+    assert_eq!(keys(&doc), keys(&cmd));
+    assert_eq!(keys(&doc["phases"][0]), keys(&cmd["phases"][0]));
+    assert_eq!(doc["schema_version"], cmd["schema_version"]);
 }
