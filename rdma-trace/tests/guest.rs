@@ -592,7 +592,7 @@ fn run_json_carries_self_overhead_for_every_attached_program() {
     assert!(o["loader_cpu_percent"].as_f64().unwrap() > 0.0, "{o}");
     assert!(o["loader_peak_rss_kib"].as_u64().unwrap() > 0, "{o}");
     let stdout = &run.stdout;
-    assert!(stdout.contains("overhead: eBPF"), "text report:\n{stdout}");
+    assert!(stdout.contains("tracing: eBPF"), "text report:\n{stdout}");
     // The text view printed interval blocks while the demo ran.
     assert!(stdout.contains("[Event mode"), "interval blocks:\n{stdout}");
 }

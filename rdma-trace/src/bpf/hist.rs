@@ -92,6 +92,25 @@ impl Histogram {
         Some(slot_bounds(i as u32).1)
     }
 
+    /// The sum of the recorded values, estimated from the slot midpoints (each slot's values
+    /// lie within 12.5 % of its midpoint; the open last slot counts at its lower bound).
+    pub fn sum_estimate(&self) -> f64 {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c != 0)
+            .map(|(i, &c)| {
+                let (lo, hi) = slot_bounds(i as u32);
+                let mid = if hi == u64::MAX {
+                    lo as f64
+                } else {
+                    (lo as f64 + hi as f64) / 2.0
+                };
+                mid * c as f64
+            })
+            .sum()
+    }
+
     pub fn summary(&self) -> Summary {
         Summary {
             count: self.count(),

@@ -67,6 +67,52 @@ pub enum NotAttached {
     NotPlanned,
 }
 
+impl NotAttached {
+    /// A stable name of the reason (`no_device`, `inlined`, ...; `rdma-trace probes` lists them).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            NotAttached::Planned(why) => why.kind(),
+            NotAttached::Refused(_) => "refused",
+            NotAttached::NotPlanned => "not_planned",
+        }
+    }
+}
+
+/// One line for every skipped row: `(reason kind, driver)` per row, grouped by reason, the
+/// drivers of the `no_device` rows named. `None` when nothing was skipped.
+pub fn skipped_line(rows: &[(&'static str, &'static str)]) -> Option<String> {
+    if rows.is_empty() {
+        return None;
+    }
+    let mut kinds: Vec<(&str, usize, Vec<&str>)> = Vec::new();
+    for &(kind, driver) in rows {
+        match kinds.iter_mut().find(|(k, _, _)| *k == kind) {
+            Some((_, n, drivers)) => {
+                *n += 1;
+                if !drivers.contains(&driver) {
+                    drivers.push(driver);
+                }
+            }
+            None => kinds.push((kind, 1, vec![driver])),
+        }
+    }
+    let groups: Vec<String> = kinds
+        .iter()
+        .map(|(kind, n, drivers)| {
+            if *kind == "no_device" {
+                format!("{kind} ×{n} ({})", drivers.join(", "))
+            } else {
+                format!("{kind} ×{n}")
+            }
+        })
+        .collect();
+    Some(format!(
+        "skipped {} rows: {} (`rdma-trace probes` gives each row's reason)",
+        rows.len(),
+        groups.join(", ")
+    ))
+}
+
 impl fmt::Display for NotAttached {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -128,16 +128,23 @@ impl Session {
     }
 
     /// The attach table: probe, how, or why not.
+    /// The attached rows, one a line, and one line for every skipped row (grouped by reason).
     pub fn attach_table(&self) -> String {
         let mut out = String::new();
+        let mut skipped = Vec::new();
         for (p, o) in self.plan.probes.iter().zip(&self.outcomes) {
-            let line = match o {
-                Outcome::Attached(m) => {
-                    format!("  {:<24} {:<8} {}\n", p.def.name, m.label(), p.def.what)
-                }
-                Outcome::Skipped(why) => format!("  {:<24} {:<8} {why}\n", p.def.name, "skipped"),
-            };
-            out.push_str(&line);
+            match o {
+                Outcome::Attached(m) => out.push_str(&format!(
+                    "  {:<24} {:<8} {}\n",
+                    p.def.name,
+                    m.label(),
+                    p.def.what
+                )),
+                Outcome::Skipped(why) => skipped.push((why.kind(), p.def.driver.name())),
+            }
+        }
+        if let Some(line) = crate::bpf::loader::skipped_line(&skipped) {
+            out.push_str(&format!("  {line}\n"));
         }
         out
     }

@@ -513,21 +513,7 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram, unit: Un
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
     }
     let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
-    let sum: f64 = slots
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| **c != 0)
-        .map(|(i, &c)| {
-            let (lo, hi) = slot_bounds(i as u32);
-            let mid = if hi == u64::MAX {
-                lo as f64
-            } else {
-                (lo as f64 + hi as f64) / 2.0
-            };
-            mid * c as f64
-        })
-        .sum();
-    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", sum * scale);
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_estimate() * scale);
     let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
 }
 

@@ -39,6 +39,10 @@ pub struct Args {
     /// when stdout is not a terminal.
     #[arg(long)]
     pub no_tui: bool,
+    /// Also print every probe's row and histogram in the report (the default shows the kernel
+    /// path's top rows by total time).
+    #[arg(long)]
+    pub hist: bool,
     /// Refresh interval of the live view [default: 0.25 s on the screen, 1 s as text].
     #[arg(long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
     pub interval: Option<Duration>,
@@ -113,6 +117,7 @@ impl Args {
             duration: self.duration,
             json: self.json.clone(),
             no_tui: self.no_tui,
+            hist: self.hist,
             interval: self.interval,
             probes: self.probes,
             all_drivers: self.all_drivers,

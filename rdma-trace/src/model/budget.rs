@@ -51,6 +51,15 @@ pub const MINIMAL: &[&str] = &[
 ];
 
 impl Preset {
+    /// Its name on the command line and in the JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Minimal => "minimal",
+            Preset::Default => "default",
+            Preset::Full => "full",
+        }
+    }
+
     /// The rows of the table this preset attaches.
     pub fn select(self, defs: &[ProbeDef]) -> Vec<ProbeDef> {
         defs.iter()

@@ -66,6 +66,35 @@ pub struct Overhead {
 }
 
 impl Overhead {
+    /// One line: the programs' and the loader's CPU, and the loader's memory.
+    pub fn summary_line(&self) -> String {
+        format!(
+            "eBPF {:.2} % of a CPU, loader {:.2} % CPU, peak RSS {} KiB (BPF statistics: {})",
+            self.bpf_cpu_percent, self.loader_cpu_percent, self.loader_peak_rss_kib, self.stats
+        )
+    }
+
+    /// Every program with what it is attached to, the most expensive (total run time) first.
+    pub fn cost_table(&self) -> String {
+        let mut programs: Vec<&ProgramOverhead> = self.programs.iter().collect();
+        programs.sort_by_key(|p| std::cmp::Reverse(p.run_ns));
+        let mut out = format!(
+            "  {:<28} {:<18} {:>10} {:>10} {:>12}\n",
+            "attached to", "program", "runs", "ns/run", "total"
+        );
+        for p in programs {
+            out.push_str(&format!(
+                "  {:<28} {:<18} {:>10} {:>10} {:>12}\n",
+                p.target,
+                p.name,
+                p.runs,
+                p.ns_per_run.map_or("-".to_owned(), |v| format!("{v:.0}")),
+                crate::bpf::hist::human_ns(p.run_ns)
+            ));
+        }
+        out
+    }
+
     /// The cost between two snapshots of the program statistics and loader usage.
     pub fn between(
         stats: &str,

@@ -20,6 +20,8 @@ pub struct ProbeReport {
     /// `kprobe`, `fentry`, `raw_tp`, or null when skipped.
     pub attach: Option<&'static str>,
     pub skipped: Option<String>,
+    /// The reason's stable name (`no_device`, `inlined`, ...), when skipped.
+    pub skip_kind: Option<&'static str>,
     /// Events seen (calls, softirq runs, polls, interval starts).
     pub count: u64,
     /// Events per second over the window.
@@ -28,6 +30,9 @@ pub struct ProbeReport {
     pub unmatched: u64,
     /// Values recorded (durations, packets per poll) and their percentiles.
     pub summary: Summary,
+    /// The recorded values summed (estimated from the histogram's slots): for durations, the
+    /// time spent in the probe over the window.
+    pub total: f64,
     /// Non-empty power-of-two rows.
     pub log2: Vec<Bucket>,
     /// Shown when the count is 0 and that is expected.
@@ -61,6 +66,10 @@ pub fn probe_reports(
                     Outcome::Skipped(why) => Some(why.to_string()),
                     Outcome::Attached(_) => None,
                 },
+                skip_kind: match o {
+                    Outcome::Skipped(why) => Some(why.kind()),
+                    Outcome::Attached(_) => None,
+                },
                 count,
                 rate: if seconds > 0.0 {
                     count as f64 / seconds
@@ -69,6 +78,7 @@ pub fn probe_reports(
                 },
                 unmatched: d.counters[rdma_trace_common::C_UNMATCHED as usize],
                 summary: d.hist.summary(),
+                total: d.hist.sum_estimate(),
                 log2: d.hist.log2_rows(),
                 note: if count == 0 { p.def.zero_note } else { None },
             }

@@ -30,6 +30,15 @@ pub enum Load {
     Workload(Target),
 }
 
+/// What comes after the default report.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Detail {
+    /// `--hist`: the whole probe table with every histogram.
+    pub hist: bool,
+    /// `-v`: every program's cost.
+    pub costs: bool,
+}
+
 /// Everything `run` was asked, typed, without clap.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -40,6 +49,8 @@ pub struct RunConfig {
     pub json: Option<PathBuf>,
     /// No screen: text each interval.
     pub no_tui: bool,
+    /// `--hist`: every probe's histogram in the report.
+    pub hist: bool,
     pub interval: Option<Duration>,
     // The probes.
     pub probes: Preset,
@@ -77,6 +88,14 @@ impl RunConfig {
         )
     }
 
+    /// What the text report shows after its default lines: `--hist`, and `-v`.
+    pub fn detail(&self) -> Detail {
+        Detail {
+            hist: self.hist,
+            costs: crate::verbosity::level() > 0,
+        }
+    }
+
     /// `--json -`: stdout carries the JSON document and nothing else.
     pub fn json_on_stdout(&self) -> bool {
         self.json.as_deref() == Some(Path::new("-"))
@@ -103,6 +122,7 @@ pub mod tests {
             duration: None,
             json: None,
             no_tui: true,
+            hist: false,
             interval: None,
             probes: Preset::Default,
             all_drivers: false,

@@ -12,6 +12,7 @@ use anyhow::{Context as _, Result, anyhow};
 
 use super::{
     config::{Mode, RunConfig},
+    render,
     report::{LoadInfo, Phase, RunReport, completion_mode},
 };
 use crate::bpf::loader::check_privileges;
@@ -28,7 +29,7 @@ use crate::{
     model::budget::{self, Budget, Dropped},
     model::overhead::Added,
     model::overhead::{LoaderUsage, Overhead},
-    model::report::{ProbeReport, probe_reports, render},
+    model::report::{ProbeReport, probe_reports},
     model::sample::{Progress, Sample, Source},
     model::window::Window,
     output::write_json,
@@ -98,6 +99,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         "rdma-trace: server {server}, client {client}; probes:\n{}",
         session.attach_table()
     );
+    let load = LoadInfo::demo(args, &server, &client);
     let budget = Budget {
         percent: args.overhead_budget,
         enforce: args.enforce,
@@ -147,33 +149,8 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
             (Some(w), Some(b)) => Some(WaterfallReport::from_snapshot(&w.snapshot()?.since(b))),
             _ => None,
         };
-        let text = format!(
-            "===== mode {mode:?}: {} iterations of {} B, {server} ↔ {client} =====\n{}\n{}{}{}\n--- rdma-demo ---\n{}\n",
-            args.iterations,
-            args.size,
-            render(&probes),
-            wf_report
-                .as_ref()
-                .map(|r| format!("{}\n", waterfall::model::render_report(r)))
-                .unwrap_or_default(),
-            overhead.render(),
-            budget.verdict(overhead.tracing_adds.as_ref(), &dropped),
-            if window.ended_by == "duration" {
-                format!(
-                    "stopped after --duration ({:.1} s), before its {} iterations were done",
-                    window.seconds, args.iterations
-                )
-            } else {
-                demo_out.stdout.trim_end().to_owned()
-            }
-        );
-        if live.is_screen() {
-            deferred.push_str(&text);
-        } else {
-            args.print(&text);
-        }
         let status = window.command_status;
-        phases.push(Phase {
+        let phase = Phase {
             mode: Some(mode),
             window: window.clone(),
             completion_mode: completion_mode(&probes).0,
@@ -183,7 +160,52 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
             overhead,
             dropped,
             waterfall: wf_report,
-        });
+        };
+        let mut text = String::new();
+        if phases.is_empty() {
+            text.push_str(&render::header(
+                &load,
+                kernel.release().as_deref(),
+                args.probes.name(),
+                &phase.probes,
+            ));
+        }
+        let title = format!(
+            "mode {mode:?}: {} iterations of {}, {server} ↔ {client}",
+            args.iterations,
+            render::size_label(args.size)
+        );
+        let load_text = format!(
+            "--- rdma-demo ---\n{}\n",
+            if window.ended_by == "duration" {
+                format!(
+                    "stopped after --duration ({:.1} s), before its {} iterations were done",
+                    window.seconds, args.iterations
+                )
+            } else {
+                demo_out.stdout.trim_end().to_owned()
+            }
+        );
+        let cost_lines = phase
+            .overhead
+            .tracing_adds
+            .as_ref()
+            .map(|a| format!("  {}\n", a.render()))
+            .unwrap_or_default()
+            + &budget.verdict(phase.overhead.tracing_adds.as_ref(), &phase.dropped);
+        text.push_str(&render::phase(
+            &title,
+            &load_text,
+            &cost_lines,
+            &phase,
+            args.detail(),
+        ));
+        if live.is_screen() {
+            deferred.push_str(&text);
+        } else {
+            args.print(&text);
+        }
+        phases.push(phase);
         if window.ended_by == "quit" {
             quit = true;
             break;
@@ -228,12 +250,13 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
     if phases.len() == 2 {
         args.print(&format!("\n{}\n", compare(&phases[0], &phases[1])));
     }
+    args.print(&render::next_hints(
+        &phases,
+        args.overhead_budget,
+        args.detail(),
+    ));
     if let Some(path) = &args.json {
-        let mut report = RunReport::new(
-            args,
-            kernel.release(),
-            LoadInfo::demo(args, &server, &client),
-        );
+        let mut report = RunReport::new(args, kernel.release(), load);
         report.calibration = calibration;
         report.phases = phases;
         report.waterfall_samples = (args.sample > 0).then_some(waterfall_samples).flatten();

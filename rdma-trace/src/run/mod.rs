@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod demo;
+pub mod render;
 pub mod report;
 pub mod workload;
 

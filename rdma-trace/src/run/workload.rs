@@ -8,6 +8,7 @@ use anyhow::{Result, anyhow, bail};
 
 use super::{
     config::RunConfig,
+    render,
     report::{LoadInfo, Phase, ProcessReport, RunReport, completion_mode},
 };
 use crate::bpf::loader::check_privileges;
@@ -21,7 +22,7 @@ use crate::{
     model::baseline::{Baseline, delta},
     model::budget::Budget,
     model::overhead::Added,
-    model::report::{probe_reports, render},
+    model::report::probe_reports,
     model::sample::{Sample, Source},
     output::write_json,
     views::timeline,
@@ -289,15 +290,34 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
                 ..a
             });
     }
-    let mut text = format!(
-        "===== {label}: {:.1} s, ended by {}{} =====\n{}\n{}\ncompletion mode seen: {}\n{}",
+    let phase = Phase {
+        mode: None,
+        window: window.clone(),
+        completion_mode,
+        demo: None,
+        probes,
+        processes,
+        overhead,
+        dropped: Vec::new(),
+        waterfall,
+    };
+    let load = LoadInfo::workload(&target);
+    let mut text = render::header(
+        &load,
+        kernel.release().as_deref(),
+        args.probes.name(),
+        &phase.probes,
+    );
+    let title = format!(
+        "{label}: {:.1} s, ended by {}{}",
         window.seconds,
         window.ended_by,
         window
             .command_status
             .map_or(String::new(), |s| format!(" (exit status {s})")),
-        render(&probes),
-        overhead.render() + &budget.verdict(overhead.tracing_adds.as_ref(), &[]),
+    );
+    let load_text = format!(
+        "completion mode seen: {}\n{}",
         match comp {
             Some(n) if n > 0 => format!("completion events ({n} ib_uverbs_comp_handler calls)"),
             Some(_) =>
@@ -305,29 +325,35 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
                     .to_owned(),
             None => "unknown (ib_uverbs_comp_handler is not attached)".to_owned(),
         },
-        render_processes(&processes, &target),
+        render_processes(&phase.processes, &target),
     );
-    if let Some(w) = &waterfall {
-        text.push_str(&format!("\n{}", crate::waterfall::model::render_report(w)));
-    }
+    let cost_lines = phase
+        .overhead
+        .tracing_adds
+        .as_ref()
+        .map(|a| format!("  {}\n", a.render()))
+        .unwrap_or_default()
+        + &budget.verdict(phase.overhead.tracing_adds.as_ref(), &[]);
+    text.push_str(&render::phase(
+        &title,
+        &load_text,
+        &cost_lines,
+        &phase,
+        args.detail(),
+    ));
     if let Some(s) = &timeline {
         text.push_str(&format!("{}\n", summary_line(s)));
     }
+    text.push_str(&render::next_hints(
+        std::slice::from_ref(&phase),
+        args.overhead_budget,
+        args.detail(),
+    ));
     args.print(&text);
     if let Some(path) = &args.json {
-        let mut report = RunReport::new(args, kernel.release(), LoadInfo::workload(&target));
+        let mut report = RunReport::new(args, kernel.release(), load);
         report.calibration = Some(calibration);
-        report.phases.push(Phase {
-            mode: None,
-            window: window.clone(),
-            completion_mode,
-            demo: None,
-            probes,
-            processes,
-            overhead,
-            dropped: Vec::new(),
-            waterfall,
-        });
+        report.phases.push(phase);
         report.timeline = timeline;
         report.waterfall_samples = waterfall_samples;
         write_json(path, &report)?;

@@ -383,9 +383,17 @@ pub fn render(title: &str, w: &Waterfall) -> String {
         "  {:<32} {:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
         "stage", "span", "n", "p50", "p90", "p99", "mean", "share"
     ));
+    // The stage to look at first: the largest share of the time (the total row is 100 %).
+    let largest = w
+        .stages
+        .iter()
+        .filter(|s| s.key != "total")
+        .filter_map(|s| Some((s.name, s.share?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(name, _)| name);
     for s in &w.stages {
         out.push_str(&format!(
-            "  {:<32} {:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
+            "  {:<32} {:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7}{}\n",
             s.name,
             s.span,
             s.count,
@@ -393,7 +401,12 @@ pub fn render(title: &str, w: &Waterfall) -> String {
             us(s.p90_ns),
             us(s.p99_ns),
             us(s.mean_ns),
-            pct(s.share)
+            pct(s.share),
+            if Some(s.name) == largest {
+                "  ◀ largest"
+            } else {
+                ""
+            }
         ));
     }
     out.push_str(&format!(

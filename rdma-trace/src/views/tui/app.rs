@@ -260,6 +260,7 @@ pub(crate) mod tests {
             unit: Unit::Nanoseconds,
             attach: (!skipped).then_some("raw_tp"),
             skipped: skipped.then(|| "not here".to_owned()),
+            skip_kind: skipped.then_some("no_device"),
             count,
             rate: count as f64 / 2.0,
             unmatched: 0,
@@ -270,6 +271,7 @@ pub(crate) mod tests {
                 p99: (count > 0).then_some(9_000.0),
                 max: (count > 0).then_some(16_384),
             },
+            total: count as f64 * 2_000.0,
             log2: if count > 0 {
                 vec![
                     Bucket {

@@ -1,0 +1,226 @@
+//! The render stage of `run`: the text report, which leads with the answer.
+//!
+//! A run opens with one header line (what ran, the kernel, the preset, the probes attached) and
+//! one line for every skipped row. Each phase then gives, in this order: the load's own
+//! latency, what tracing cost and whether that is within the budget, the completion waterfall
+//! (its largest stage marked), and the kernel path's top rows by total time. "next:" lines
+//! say what to try. Every probe's histogram (`--hist`) and every program's cost (`-v`) come
+//! after, when asked for.
+
+use crate::{
+    bpf::{
+        hist::{human_ns_f, plain},
+        loader::skipped_line,
+    },
+    kernel::probes::Unit,
+    model::report::{ProbeReport, render as render_probes},
+    waterfall::{WaterfallReport, model::render_report as render_waterfall},
+};
+
+use super::{
+    config::Detail,
+    report::{LoadInfo, Phase},
+};
+
+/// Kernel-path rows the default report shows.
+pub const TOP_ROWS: usize = 8;
+
+/// The run's first lines: what ran, where, with what; and one line for all skipped rows.
+pub fn header(
+    load: &LoadInfo,
+    kernel: Option<&str>,
+    preset: &str,
+    probes: &[ProbeReport],
+) -> String {
+    let attached = probes.iter().filter(|p| p.skipped.is_none()).count();
+    let mut out = format!(
+        "rdma-trace run: {} · kernel {} · probes {preset}: {attached} attached\n",
+        load.label,
+        kernel.unwrap_or("?"),
+    );
+    let skipped: Vec<(&'static str, &'static str)> = probes
+        .iter()
+        .filter_map(|p| Some((p.skip_kind?, p.driver.name())))
+        .collect();
+    if let Some(line) = skipped_line(&skipped) {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// The kernel path: the attached duration probes that ran, by total time, the top `rows`.
+pub fn kernel_path(probes: &[ProbeReport], rows: usize) -> String {
+    let mut timed: Vec<&ProbeReport> = probes
+        .iter()
+        .filter(|p| p.skipped.is_none() && p.unit == Unit::Nanoseconds && p.count > 0)
+        .collect();
+    timed.sort_by(|a, b| b.total.total_cmp(&a.total));
+    let silent = probes
+        .iter()
+        .filter(|p| p.skipped.is_none() && p.count == 0)
+        .count();
+    let mut out = format!(
+        "kernel path, by total time (top {} of {} that ran{}):\n",
+        rows.min(timed.len()),
+        timed.len(),
+        if silent > 0 {
+            format!("; {silent} attached saw nothing")
+        } else {
+            String::new()
+        }
+    );
+    out.push_str(&format!(
+        "  {:<26} {:<7} {:>9} {:>9} {:>9} {:>9} {:>10}\n",
+        "probe", "via", "count", "rate/s", "p50", "p99", "total"
+    ));
+    for p in timed.iter().take(rows) {
+        out.push_str(&format!(
+            "  {:<26} {:<7} {:>9} {:>9.1} {:>9} {:>9} {:>10}\n",
+            p.name,
+            p.attach.unwrap_or("-"),
+            p.count,
+            p.rate,
+            p.summary.p50.map_or("-".to_owned(), human_ns_f),
+            p.summary.p99.map_or("-".to_owned(), human_ns_f),
+            human_ns_f(p.total)
+        ));
+    }
+    out
+}
+
+/// One phase: `title`, the load's own results (`load_text`), the cost lines, the waterfall,
+/// the kernel path, then what `detail` asks for.
+pub fn phase(
+    title: &str,
+    load_text: &str,
+    cost_lines: &str,
+    phase: &Phase,
+    detail: Detail,
+) -> String {
+    let mut out = format!("===== {title} =====\n");
+    if !load_text.trim().is_empty() {
+        out.push_str(load_text.trim_end());
+        out.push('\n');
+    }
+    out.push_str(&format!("tracing: {}\n", phase.overhead.summary_line()));
+    out.push_str(cost_lines);
+    if let Some(w) = &phase.waterfall {
+        out.push_str(&render_waterfall(w));
+    }
+    out.push_str(&kernel_path(&phase.probes, TOP_ROWS));
+    if detail.hist {
+        out.push_str("\nevery probe (--hist):\n");
+        out.push_str(&render_probes(&phase.probes));
+    }
+    if detail.costs {
+        out.push_str("\nevery program's cost (-v), the most expensive first:\n");
+        out.push_str(&phase.overhead.cost_table());
+    }
+    out
+}
+
+/// "next:" lines: what to try, from what the run saw.
+pub fn next_hints(phases: &[Phase], budget_percent: f64, detail: Detail) -> String {
+    let mut hints = Vec::new();
+    let last = phases.last();
+    if let Some(stage) = last
+        .and_then(|p| p.waterfall.as_ref())
+        .and_then(largest_stage)
+    {
+        let hint = match stage {
+            "runq" => Some(
+                "the run-queue wait is the largest stage: pin the reader (taskset) away from the \
+                 completion IRQ and softirq CPU, or give it a CPU of its own",
+            ),
+            "driver" => Some(
+                "driver → handler is the largest stage: completion delivery (IRQ, softirq or \
+                 tasklet); `rdma-trace irq` and `rdma-trace softirqs` show where it waits",
+            ),
+            "read" => Some(
+                "on CPU → read is the largest stage: the reader does other work between waking \
+                 and reading the event (--timeline shows it)",
+            ),
+            "awake" => Some(
+                "most time is in events that found their reader busy: the reader is the \
+                 bottleneck, not the wake-up",
+            ),
+            _ => None,
+        };
+        hints.extend(hint.map(str::to_owned));
+    }
+    if last
+        .and_then(|p| p.overhead.tracing_adds.as_ref())
+        .is_some_and(|a| a.percent > budget_percent)
+    {
+        hints.push(format!(
+            "tracing is over the {budget_percent} % budget: --probes minimal attaches one probe \
+             per stage, --no-waterfall drops the waterfall"
+        ));
+    }
+    if !detail.hist {
+        hints.push(
+            "--hist shows every probe's histogram, -v every program's cost, --json all of it"
+                .to_owned(),
+        );
+    }
+    hints.iter().map(|h| format!("next: {h}\n")).collect()
+}
+
+/// The key of the largest stage (by share) of the process with the most events.
+fn largest_stage(w: &WaterfallReport) -> Option<&'static str> {
+    let p = w.processes.iter().max_by_key(|p| p.waterfall.events)?;
+    p.waterfall
+        .stages
+        .iter()
+        .filter(|s| s.key != "total")
+        .filter_map(|s| Some((s.key, s.share?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(k, _)| k)
+}
+
+/// A count with its unit, for the title lines.
+pub fn size_label(bytes: u32) -> String {
+    format!("{} B", plain(u64::from(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{load::workload::Target, views::tui::app::tests::report};
+
+    /// The truth: three probes with known totals (count × 2 µs in the fixture) and two skipped
+    /// rows; the kernel path must order them by total and leave the skipped rows to one line.
+    #[test]
+    fn the_kernel_path_is_ordered_by_total_and_skipped_rows_take_one_line() {
+        let probes = vec![
+            report("small", 10, false),
+            report("big", 1000, false),
+            report("middle", 100, false),
+            report("gone_a", 0, true),
+            report("gone_b", 0, true),
+        ];
+        let path = kernel_path(&probes, 2);
+        let names: Vec<&str> = path
+            .lines()
+            .skip(2)
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert_eq!(names, ["big", "middle"], "{path}");
+        assert!(
+            path.starts_with("kernel path, by total time (top 2 of 3"),
+            "{path}"
+        );
+        let load = LoadInfo::workload(&Target::Command(vec!["true".into()]));
+        let head = header(&load, Some("6.1.0"), "default", &probes);
+        assert_eq!(head.lines().count(), 2, "{head}");
+        assert!(head.contains("3 attached"), "{head}");
+        assert!(
+            head.lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("skipped 2 rows: no_device ×2"),
+            "{head}"
+        );
+    }
+}
