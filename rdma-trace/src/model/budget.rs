@@ -415,12 +415,18 @@ mod tests {
         assert_eq!(a.percent, 5.0);
         assert_eq!(
             a.render(),
-            "tracing adds ≈ 10.0 µs per round trip (5.0 % of 200.0 µs)"
+            "tracing adds ≈ 10 us per round trip (5.0 % of 200 us)"
         );
         assert!(added(&c, 0, 200.0).is_none());
         assert!(added(&c, 10, 0.0).is_none());
         let small = added(&costs(&[prog("x", "t", 1, 500)], None), 1, 100.0).unwrap();
         assert!(small.render().starts_with("tracing adds ≈ 500 ns"));
+        // No false precision: 216.6 us of 761.8 us is "≈ 220 us (28 % of 762 us)".
+        let big = added(&costs(&[prog("x", "t", 1, 216_600)], None), 1, 761.8).unwrap();
+        assert_eq!(
+            big.render(),
+            "tracing adds ≈ 220 us per round trip (28 % of 762 us)"
+        );
     }
 
     #[test]

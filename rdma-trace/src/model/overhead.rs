@@ -177,24 +177,35 @@ pub struct Added {
 }
 
 impl Added {
+    /// An estimate, so two significant digits (and the measured round trip with three).
     pub fn render(&self) -> String {
         format!(
-            "tracing adds ≈ {} per {} ({:.1} % of {})",
-            human_us(self.us_per_round_trip),
+            "tracing adds ≈ {} per {} ({} % of {})",
+            sig_us(self.us_per_round_trip, 2),
             self.per,
-            self.percent,
-            human_us(self.round_trip_us)
+            sig(self.percent, 2),
+            sig_us(self.round_trip_us, 3)
         )
     }
 }
 
-fn human_us(us: f64) -> String {
+/// `v` rounded to `digits` significant digits, without trailing zeros after a point.
+fn sig(v: f64, digits: i32) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let magnitude = v.abs().log10().floor() as i32;
+    let decimals = (digits - 1 - magnitude).max(0) as usize;
+    let scale = 10f64.powi(digits - 1 - magnitude);
+    format!("{:.*}", decimals, (v * scale).round() / scale)
+}
+
+/// Microseconds in `us` (the unit style of every table), nanoseconds under 1 us.
+fn sig_us(us: f64, digits: i32) -> String {
     if us < 1.0 {
-        format!("{:.0} ns", us * 1e3)
-    } else if us < 10.0 {
-        format!("{us:.2} µs")
+        format!("{} ns", sig(us * 1e3, digits))
     } else {
-        format!("{us:.1} µs")
+        format!("{} us", sig(us, digits))
     }
 }
 

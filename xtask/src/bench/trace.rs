@@ -360,7 +360,7 @@ fn estimates(report: &str) -> BTreeMap<&'static str, f64> {
         let Ok(v) = v.parse::<f64>() else { continue };
         let us = match unit {
             "ns" => v / 1e3,
-            "µs" => v,
+            "us" | "µs" => v,
             "ms" => v * 1e3,
             _ => continue,
         };

@@ -126,6 +126,11 @@ impl Live {
                     let s = src.sample(waiter.elapsed())?;
                     self.app.update(s);
                     self.render()?;
+                    // As BCC's tools do, each text block counts its own interval: the next one
+                    // starts from here (the report's counts start at the window's start).
+                    if matches!(self.out, Output::Text { .. }) {
+                        src.reset()?;
+                    }
                     if let Some(why) = src.finished() {
                         break End::Caller(why);
                     }
@@ -199,7 +204,7 @@ impl Live {
                     .context("drawing the live view")?;
             }
             Output::Text { stderr } => {
-                let text = text_block(&self.app);
+                let text = text_block(&self.app, self.interval);
                 if *stderr {
                     eprint!("{text}");
                 } else {
@@ -221,11 +226,16 @@ impl Live {
     }
 }
 
-/// The text view of one refresh: progress, then one line per attached probe that counted,
-/// with a sparkline of its log2 histogram.
-pub fn text_block(app: &App) -> String {
+/// The text view of one refresh: progress, then one line per attached probe that counted in
+/// the last `interval`, with a sparkline of its log2 histogram.
+pub fn text_block(app: &App, interval: Duration) -> String {
     let p = &app.progress;
-    let mut out = format!("[{} {:.1} s", p.label, p.elapsed.as_secs_f64());
+    let mut out = format!(
+        "[{} {:.1} s, the last {:.1} s",
+        p.label,
+        p.elapsed.as_secs_f64(),
+        interval.as_secs_f64()
+    );
     if let (Some(d), Some(t)) = (p.done, p.total) {
         out.push_str(&format!(", ~{d}/{t} iterations"));
     }
@@ -402,9 +412,9 @@ mod tests {
             ("idle", 0, false),
             ("gone", 0, true),
         ]));
-        let t = text_block(&app);
+        let t = text_block(&app, Duration::from_secs(1));
         assert!(
-            t.starts_with("[event mode 2.0 s, ~250/1000 iterations]"),
+            t.starts_with("[event mode 2.0 s, the last 1.0 s, ~250/1000 iterations]"),
             "{t}"
         );
         assert!(t.contains("rxe_rcv") && t.contains("400"), "{t}");
