@@ -409,11 +409,6 @@ pub fn render(title: &str, w: &Waterfall) -> String {
             }
         ));
     }
-    out.push_str(&format!(
-        "  per event: stages add up to {} (wake-up + run queue + read + already awake), measured T1→T4 mean {}\n",
-        us(w.stages_per_event_ns),
-        us(w.total_mean_ns)
-    ));
     if w.unmatched_reads + w.no_driver_stamp + w.dropped > 0 {
         out.push_str(&format!(
             "  not covered: {} reads without a seen handler call, {} events without a driver stamp, {} dropped\n",

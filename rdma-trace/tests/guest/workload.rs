@@ -593,3 +593,40 @@ fn json_on_stdout_is_all_of_stdout_and_a_demo_run_has_the_keys_of_a_command_run(
     assert_eq!(keys(&doc["phases"][0]), keys(&cmd["phases"][0]));
     assert_eq!(doc["schema_version"], cmd["schema_version"]);
 }
+
+#[test]
+fn the_default_report_leads_with_its_header_and_fits_in_60_lines() {
+    // What `cargo xtask run` prints after its live view: the report of an event-mode run.
+    let out = rdma_trace(&["run", "--no-tui", "--mode", "event", "--iterations", "200"]);
+    out.assert_success("rdma-trace run");
+    // Without a terminal the interval blocks come first; the report starts at its header.
+    let at = out
+        .stdout
+        .find("rdma-trace run: ")
+        .unwrap_or_else(|| panic!("no header line:\n{}", out.stdout));
+    let report = &out.stdout[at..];
+    let lines: Vec<&str> = report.lines().collect();
+    assert!(lines.len() <= 60, "{} lines:\n{report}", lines.len());
+    assert!(
+        lines[0].contains("kernel ") && lines[0].contains(" attached"),
+        "{}",
+        lines[0]
+    );
+    // The skipped rows take one line in all (the guest has no mlx5, irdma, bnxt_re or MANA).
+    let skipped: Vec<&&str> = lines.iter().filter(|l| l.contains("skipped")).collect();
+    assert_eq!(skipped.len(), 1, "{report}");
+    assert!(
+        skipped[0].starts_with("skipped ") && skipped[0].contains("no_device"),
+        "{report}"
+    );
+    // The order: the demo's own latency, the cost, the waterfall, the kernel path.
+    let pos = |what: &str| {
+        report
+            .find(what)
+            .unwrap_or_else(|| panic!("no {what:?} in the report:\n{report}"))
+    };
+    assert!(pos("--- rdma-demo ---") < pos("tracing: eBPF"));
+    assert!(pos("tracing: eBPF") < pos("waterfall of pid"));
+    assert!(pos("waterfall of pid") < pos("kernel path, by total time"));
+    assert!(report.contains("◀ largest"), "{report}");
+}
