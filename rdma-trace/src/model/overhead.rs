@@ -1,7 +1,10 @@
 //! What tracing costs: per eBPF program its run count and ns per run (the kernel's BPF run-time
 //! statistics, enabled while rdma-trace runs), and the loader's own CPU time and peak RSS.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use serde::Serialize;
 
@@ -63,9 +66,29 @@ pub struct Overhead {
     pub loader_peak_rss_kib: u64,
     /// What tracing adds to one round trip (`rdma-trace run` sets it; null when unknown).
     pub tracing_adds: Option<Added>,
+    /// How often the programs ran per round trip (`run` sets it; null when unknown).
+    pub hook_hits: Option<HookHits>,
 }
 
 impl Overhead {
+    /// Program runs per round trip (or per completion event: `per`), by group.
+    pub fn hook_hits(&self, round_trips: u64, per: &'static str) -> Option<HookHits> {
+        if round_trips == 0 {
+            return None;
+        }
+        let n = round_trips as f64;
+        let mut by_group: BTreeMap<&'static str, f64> = BTreeMap::new();
+        for p in &self.programs {
+            *by_group.entry(program_group(&p.name)).or_default() += p.runs as f64 / n;
+        }
+        Some(HookHits {
+            per,
+            round_trips,
+            per_round_trip: by_group.values().sum(),
+            by_group,
+        })
+    }
+
     /// One line: the programs' and the loader's CPU, and the loader's memory.
     pub fn summary_line(&self) -> String {
         format!(
@@ -133,6 +156,7 @@ impl Overhead {
             loader_cpu_percent: pct(u1.cpu.saturating_sub(u0.cpu).as_nanos() as f64),
             loader_peak_rss_kib: u1.peak_rss_kib,
             tracing_adds: None,
+            hook_hits: None,
             programs,
         }
     }
@@ -160,6 +184,60 @@ impl Overhead {
             ));
         }
         out
+    }
+}
+
+/// How often our programs ran per round trip: on a real CPU each hit costs tens to hundreds of
+/// nanoseconds, whatever the emulation makes of it here.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HookHits {
+    /// `round trip` (the demo's) or `completion event` (a workload's).
+    pub per: &'static str,
+    pub round_trips: u64,
+    pub per_round_trip: f64,
+    /// `probes` (the probe table), `waterfall`, `workload` (following processes), `other`.
+    pub by_group: BTreeMap<&'static str, f64>,
+}
+
+impl HookHits {
+    pub fn render(&self) -> String {
+        let groups: Vec<String> = self
+            .by_group
+            .iter()
+            .filter(|(_, v)| **v > 0.0)
+            .map(|(g, v)| format!("{g} {}", sig(*v, 2)))
+            .collect();
+        format!(
+            "hook hits: {} per {} ({})",
+            sig(self.per_round_trip, 3),
+            self.per,
+            groups.join(", ")
+        )
+    }
+}
+
+/// The group of one of the object's programs, by its name.
+pub fn program_group(name: &str) -> &'static str {
+    const PROBES: &[&str] = &[
+        "kentry_",
+        "kreturn_",
+        "fentry_",
+        "fexit_",
+        "softirq_",
+        "irq_",
+        "napi_poll",
+        "uentry",
+        "ureturn",
+        "cq_event",
+    ];
+    if name.starts_with("wf_") {
+        "waterfall"
+    } else if ["proc_exec", "proc_exit", "task_newtask"].contains(&name) {
+        "workload"
+    } else if PROBES.iter().any(|p| name.starts_with(p)) {
+        "probes"
+    } else {
+        "other"
     }
 }
 
@@ -212,6 +290,46 @@ fn sig_us(us: f64, digits: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The truth: programs with known run counts over 10 round trips.
+    #[test]
+    fn hook_hits_are_runs_per_round_trip_by_group() {
+        let prog = |name: &str, runs: u64| ProgramOverhead {
+            name: name.to_owned(),
+            target: "t".to_owned(),
+            runs,
+            run_ns: runs * 100,
+            ns_per_run: Some(100.0),
+        };
+        let o = Overhead {
+            stats: String::new(),
+            programs: vec![
+                prog("kentry_0", 40),
+                prog("kreturn_0", 40),
+                prog("softirq_entry", 20),
+                prog("wf_sched_switch", 250),
+                prog("wf_handler_entry", 30),
+                prog("proc_exec", 1),
+                prog("cal_kprobe", 0),
+            ],
+            bpf_cpu_percent: 0.0,
+            loader_cpu_percent: 0.0,
+            loader_peak_rss_kib: 0,
+            tracing_adds: None,
+            hook_hits: None,
+        };
+        let h = o.hook_hits(10, "round trip").unwrap();
+        assert_eq!(h.per_round_trip, 38.1);
+        assert_eq!(h.by_group["probes"], 10.0);
+        assert_eq!(h.by_group["waterfall"], 28.0);
+        assert_eq!(h.by_group["workload"], 0.1);
+        assert_eq!(h.by_group["other"], 0.0);
+        assert_eq!(
+            h.render(),
+            "hook hits: 38.1 per round trip (probes 10, waterfall 28, workload 0.10)"
+        );
+        assert!(o.hook_hits(0, "round trip").is_none());
+    }
 
     fn stat(name: &str, runs: u64, run_ns: u64) -> ProgramStat {
         ProgramStat {

@@ -143,6 +143,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         let rtt_us = demo_round_trip_us(&demo_json)
             .unwrap_or(window.seconds * 1e6 / round_trips.max(1) as f64);
         overhead.tracing_adds = budget.added(&overhead, round_trips, rtt_us);
+        overhead.hook_hits = overhead.hook_hits(round_trips, "round trip");
         let dropped = std::mem::take(&mut src.dropped);
         drop(src);
         let wf_report = match (&wf, &wf_before) {

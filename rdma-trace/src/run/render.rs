@@ -104,6 +104,9 @@ pub fn phase(
         out.push('\n');
     }
     out.push_str(&format!("tracing: {}\n", phase.overhead.summary_line()));
+    if let Some(h) = &phase.overhead.hook_hits {
+        out.push_str(&format!("  {}\n", h.render()));
+    }
     out.push_str(cost_lines);
     if let Some(w) = &phase.waterfall {
         out.push_str(&render_waterfall(w));

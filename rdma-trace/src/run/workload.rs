@@ -283,6 +283,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     };
     let mut overhead = overhead;
     if let Some(n) = comp.filter(|&n| n > 0) {
+        overhead.hook_hits = overhead.hook_hits(n, "completion event");
         overhead.tracing_adds = budget
             .added(&overhead, n, window.seconds * 1e6 / n as f64)
             .map(|a| Added {
