@@ -96,6 +96,15 @@ impl RunConfig {
         }
     }
 
+    /// How many completion events the waterfall keeps for the timeline (0 without `--timeline`).
+    pub fn timeline_waterfall_events(&self) -> usize {
+        if self.timeline.is_some() {
+            self.timeline_sample as usize
+        } else {
+            0
+        }
+    }
+
     /// `--json -`: stdout carries the JSON document and nothing else.
     pub fn json_on_stdout(&self) -> bool {
         self.json.as_deref() == Some(Path::new("-"))

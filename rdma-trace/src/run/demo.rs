@@ -25,6 +25,7 @@ use crate::{
     kernel::plan::Options,
     kernel::probes::PROBES,
     load::softroce,
+    load::workload::{Extra, Target},
     model::baseline::{Baseline, delta},
     model::budget::{self, Budget, Dropped},
     model::overhead::Added,
@@ -43,7 +44,7 @@ const DEMO_DIR_PREFIX: &str = "rdma-trace-";
 
 /// A failing demo is an error (`DemoFailed`, exit 5), a stop signal too (`Stopped`).
 pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
-    let timeline_file = super::workload::timeline_file(args)?;
+    let timeline_file = super::timeline::open(args)?;
     check_privileges()?;
     // The object loaders (the probes', and the waterfall's) parse the kernel's BTF while the
     // kernel's facts are gathered.
@@ -68,7 +69,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
     let demo = crate::load::demo::binary(args.demo.as_deref())?;
     crate::startup::step("checks and devices");
     let defs = args.probes.select(PROBES);
-    let extra = super::workload::demo_extra(timeline_file.is_some());
+    let extra = demo_extra(timeline_file.is_some());
     let mut session = Session::start_with(
         &kernel,
         &defs,
@@ -85,13 +86,13 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
     if let Some(c) = &calibration {
         eprintln!("rdma-trace: {}", c.render());
     }
-    let timeline = super::workload::start(&mut session, &extra, timeline_file, args)?;
+    let timeline = super::timeline::start(&mut session, &extra, timeline_file, args)?;
     // The completion waterfall attaches before the probe table is printed: that line means
     // everything is attached (the bench times start-up and the loader's CPU from it).
     let wf = waterfall::start_or_explain(
         args.no_waterfall,
         args.sample as usize,
-        super::workload::timeline_sample(args),
+        args.timeline_waterfall_events(),
     );
     crate::startup::step("waterfall");
     crate::startup::print_if_verbose();
@@ -244,7 +245,17 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
     if interrupted {
         stopped = Some(crate::signals::received().unwrap_or(Stop(libc::SIGINT)));
     }
-    let timeline = super::workload::finish_timeline(&mut session, timeline, wf.as_ref(), args)?;
+    // With a timeline: every probe detached first, so the processes' names are final.
+    let names = if timeline.is_some() {
+        session.bpf_mut().detach_all();
+        super::timeline::traced_names(&session)?
+    } else {
+        HashMap::new()
+    };
+    let timeline = super::timeline::finish(timeline, &names, wf.as_ref(), args)?;
+    if let Some(s) = &timeline {
+        args.print(&format!("{}\n", super::timeline::summary_line(s)));
+    }
     drop(session); // detach every probe before the summary
     let waterfall_samples = wf.as_ref().map(|w| waterfall::records(&w.samples()));
     drop(wf);
@@ -271,6 +282,18 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         return Err(Stopped(s).into());
     }
     Ok(None)
+}
+
+/// Configuration of the demo runs: with `--timeline`, rdma-trace's children (the demo) are
+/// followed so that the timeline names their threads.
+fn demo_extra(timeline: bool) -> Extra {
+    if !timeline {
+        return Extra::default();
+    }
+    Extra::for_target(&Target::Command(Vec::new()), true).unwrap_or(Extra {
+        timeline: true,
+        ..Extra::default()
+    })
 }
 
 /// (server, client) devices.

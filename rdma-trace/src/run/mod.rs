@@ -17,6 +17,7 @@ pub mod config;
 pub mod demo;
 pub mod render;
 pub mod report;
+pub mod timeline;
 pub mod workload;
 
 use anyhow::Result;

@@ -25,104 +25,7 @@ use crate::{
     model::report::probe_reports,
     model::sample::{Sample, Source},
     output::write_json,
-    views::timeline,
 };
-
-/// `--timeline` while a run lasts: the file (opened before anything is attached) and the
-/// thread that drains the records.
-pub struct TimelineRun {
-    file: std::fs::File,
-    recorder: timeline::Recorder,
-}
-
-/// Open the `--timeline` file, if any: before anything is attached, so a bad path costs nothing.
-pub fn timeline_file(args: &RunConfig) -> Result<Option<std::fs::File>> {
-    args.timeline
-        .as_deref()
-        .map(timeline::create_file)
-        .transpose()
-}
-
-/// Configuration of the demo runs: with `--timeline`, rdma-trace's children (the demo) are
-/// followed so that the timeline names their threads.
-pub fn demo_extra(timeline: bool) -> Extra {
-    if !timeline {
-        return Extra::default();
-    }
-    Extra::for_target(&Target::Command(Vec::new()), true).unwrap_or(Extra {
-        timeline: true,
-        ..Extra::default()
-    })
-}
-
-/// Attach the workload programs `extra` asks for and start draining the timeline records.
-pub fn start(
-    session: &mut Session,
-    extra: &Extra,
-    file: Option<std::fs::File>,
-    args: &RunConfig,
-) -> Result<Option<TimelineRun>> {
-    workload::attach(session.bpf_mut(), extra)?;
-    let Some(file) = file else {
-        return Ok(None);
-    };
-    let cfg = timeline::Config::new(
-        &session.plan,
-        args.timeline_sample,
-        args.timeline_max_events,
-    );
-    Ok(Some(TimelineRun {
-        file,
-        recorder: timeline::Recorder::start(session.bpf_mut(), cfg)?,
-    }))
-}
-
-/// Detach everything, then write the timeline with the names of the traced processes.
-pub fn finish_timeline(
-    session: &mut Session,
-    run: Option<TimelineRun>,
-    waterfall: Option<&crate::waterfall::Waterfall>,
-    args: &RunConfig,
-) -> Result<Option<timeline::Summary>> {
-    let (Some(run), Some(path)) = (run, &args.timeline) else {
-        return Ok(None);
-    };
-    session.bpf_mut().detach_all();
-    let names = workload::read_processes(session.bpf().ebpf())?
-        .into_values()
-        .map(|p| (p.pid, p.comm))
-        .collect();
-    let mut tl = run.recorder.finish(&names)?;
-    if let Some(w) = waterfall {
-        tl.add_waterfall(&w.timeline_events());
-    }
-    let summary = tl.write(run.file, path)?;
-    args.print(&format!("{}\n", summary_line(&summary)));
-    Ok(Some(summary))
-}
-
-fn summary_line(s: &timeline::Summary) -> String {
-    format!(
-        "timeline: {} ({} completions, {} completion events with their waterfall stages, {} slices, {} events; {} records, {} lost in the kernel, {} left out by --timeline-max-events); open it in https://ui.perfetto.dev",
-        s.path,
-        s.completions,
-        s.waterfall_events,
-        s.slices,
-        s.events,
-        s.records,
-        s.lost,
-        s.left_out
-    )
-}
-
-/// How many completion events the waterfall keeps for the timeline (0 without `--timeline`).
-pub fn timeline_sample(args: &RunConfig) -> usize {
-    if args.timeline.is_some() {
-        args.timeline_sample as usize
-    } else {
-        0
-    }
-}
 
 /// Processes listed by `--all` (the busiest).
 const ALL_LISTED: usize = 20;
@@ -150,7 +53,7 @@ fn preflight(args: &RunConfig, target: &Target) -> Result<Option<std::fs::File>>
         }
         Target::All => {}
     }
-    timeline_file(args)
+    super::timeline::open(args)
 }
 
 pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
@@ -173,7 +76,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     let calibration = session.calibrate();
     crate::startup::step("calibration");
     eprintln!("rdma-trace: {}", calibration.render());
-    let recorder = start(&mut session, &extra, timeline_file, args)?;
+    let recorder = super::timeline::start(&mut session, &extra, timeline_file, args)?;
     let mut watched = Vec::new();
     if let Target::Pids(pids) = &target {
         for &p in pids {
@@ -191,7 +94,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     let wf = crate::waterfall::start_or_explain(
         args.no_waterfall,
         args.sample as usize,
-        timeline_sample(args),
+        args.timeline_waterfall_events(),
     );
     crate::startup::step("waterfall");
     crate::startup::print_if_verbose();
@@ -250,16 +153,8 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         eprint!("{err}");
     }
     let processes = process_reports(&session, &target)?;
-    let timeline = match (recorder, &args.timeline) {
-        (Some(r), Some(path)) => {
-            let mut tl = r.recorder.finish(&processes_names(&processes))?;
-            if let Some(w) = &wf {
-                tl.add_waterfall(&w.timeline_events());
-            }
-            Some(tl.write(r.file, path)?)
-        }
-        _ => None,
-    };
+    let timeline =
+        super::timeline::finish(recorder, &processes_names(&processes), wf.as_ref(), args)?;
     drop(session);
     let waterfall = match (&wf, &wf_before) {
         (Some(w), Some(b)) => Some(crate::waterfall::WaterfallReport::from_snapshot(
@@ -343,7 +238,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         args.detail(),
     ));
     if let Some(s) = &timeline {
-        text.push_str(&format!("{}\n", summary_line(s)));
+        text.push_str(&format!("{}\n", super::timeline::summary_line(s)));
     }
     text.push_str(&render::next_hints(
         std::slice::from_ref(&phase),
