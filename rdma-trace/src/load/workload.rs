@@ -341,6 +341,20 @@ impl ProcessCounts {
     pub fn total(&self) -> u64 {
         self.probes.values().sum::<u64>() + self.calls.values().sum::<u64>()
     }
+
+    /// The counts since `before` (the same process at the window's start): the maps count
+    /// from attach, a report from its window's start.
+    pub fn since(mut self, before: Option<&ProcessCounts>) -> Self {
+        if let Some(b) = before {
+            for (k, v) in self.probes.iter_mut() {
+                *v = v.saturating_sub(b.probes.get(k).copied().unwrap_or(0));
+            }
+            for (k, v) in self.calls.iter_mut() {
+                *v = v.saturating_sub(b.calls.get(k).copied().unwrap_or(0));
+            }
+        }
+        self
+    }
 }
 
 /// The traced processes with their counts and names, by pid.
@@ -380,6 +394,24 @@ pub fn read_processes(ebpf: &Ebpf) -> Result<BTreeMap<u32, ProcessCounts>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The truth: counts at the window's start and end; the report counts the difference, and
+    /// a process born in the window keeps all of its counts.
+    #[test]
+    fn process_counts_since_the_windows_start() {
+        let counts = |probes: &[(u32, u64)], calls: &[(u32, u64)]| ProcessCounts {
+            pid: 7,
+            comm: "ib_send_lat".into(),
+            probes: probes.iter().copied().collect(),
+            calls: calls.iter().copied().collect(),
+        };
+        let before = counts(&[(1, 663), (2, 10)], &[(0, 663)]);
+        let after = counts(&[(1, 1663), (2, 10), (3, 5)], &[(0, 1663)]);
+        let d = after.clone().since(Some(&before));
+        assert_eq!(d.probes, BTreeMap::from([(1, 1000), (2, 0), (3, 5)]));
+        assert_eq!(d.calls, BTreeMap::from([(0, 1000)]));
+        assert_eq!(after.clone().since(None).total(), after.total());
+    }
 
     #[test]
     fn missing_commands_are_named() {

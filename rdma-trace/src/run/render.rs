@@ -61,7 +61,7 @@ pub fn kernel_path(probes: &[ProbeReport], rows: usize) -> String {
         .filter(|p| p.skipped.is_none() && p.count == 0)
         .count();
     let mut out = format!(
-        "kernel path, by total time (top {} of {} that ran{}):\n",
+        "kernel path, machine-wide, by total time (top {} of {} that ran{}):\n",
         rows.min(timed.len()),
         timed.len(),
         if silent > 0 {
@@ -211,7 +211,7 @@ mod tests {
             .collect();
         assert_eq!(names, ["big", "middle"], "{path}");
         assert!(
-            path.starts_with("kernel path, by total time (top 2 of 3"),
+            path.starts_with("kernel path, machine-wide, by total time (top 2 of 3"),
             "{path}"
         );
         let load = LoadInfo::workload(&Target::Command(vec!["true".into()]));

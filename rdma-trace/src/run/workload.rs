@@ -2,7 +2,10 @@
 //! report and JSON over any workload instead of the demo, plus per-process counts and the
 //! optional `--timeline`.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Duration,
+};
 
 use anyhow::{Result, anyhow, bail};
 
@@ -99,6 +102,8 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     crate::startup::step("waterfall");
     crate::startup::print_if_verbose();
     let wf_before = wf.as_ref().map(|w| w.snapshot()).transpose()?;
+    // The processes' counts start with the window, as the probes' do.
+    let procs_before = workload::read_processes(session.bpf().ebpf())?;
     // Everything is attached (the waterfall's start can take seconds): only now is the window
     // open, and "tracing" says so.
     let asked = match &target {
@@ -152,7 +157,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         args.print(&out);
         eprint!("{err}");
     }
-    let processes = process_reports(&session, &target)?;
+    let processes = process_reports(&session, &target, &procs_before)?;
     let timeline =
         super::timeline::finish(recorder, &processes_names(&processes), wf.as_ref(), args)?;
     drop(session);
@@ -271,9 +276,20 @@ fn processes_names(p: &[ProcessReport]) -> HashMap<u32, String> {
     p.iter().map(|p| (p.pid, p.comm.clone())).collect()
 }
 
-fn process_reports(session: &Session, target: &Target) -> Result<Vec<ProcessReport>> {
+/// The traced processes' counts over the window: since `before`, read at its start.
+fn process_reports(
+    session: &Session,
+    target: &Target,
+    before: &BTreeMap<u32, ProcessCounts>,
+) -> Result<Vec<ProcessReport>> {
     let procs = workload::read_processes(session.bpf().ebpf())?;
-    let mut list: Vec<ProcessCounts> = procs.into_values().collect();
+    let mut list: Vec<ProcessCounts> = procs
+        .into_values()
+        .map(|p| {
+            let b = before.get(&p.pid);
+            p.since(b)
+        })
+        .collect();
     if *target == Target::All {
         list.retain(|p| p.total() > 0);
         list.sort_by_key(|p| std::cmp::Reverse(p.total()));

@@ -627,6 +627,6 @@ fn the_default_report_leads_with_its_header_and_fits_in_60_lines() {
     };
     assert!(pos("--- rdma-demo ---") < pos("tracing: eBPF"));
     assert!(pos("tracing: eBPF") < pos("waterfall of pid"));
-    assert!(pos("waterfall of pid") < pos("kernel path, by total time"));
+    assert!(pos("waterfall of pid") < pos("kernel path, machine-wide, by total time"));
     assert!(report.contains("◀ largest"), "{report}");
 }
