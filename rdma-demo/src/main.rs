@@ -564,20 +564,22 @@ mod tests {
     #[test]
     fn help_documents_exit_codes() {
         let help = Cli::command().render_long_help().to_string();
-        for line in [
-            "0  success",
-            "1  runtime failure",
-            "2  usage error",
-            "3  no RDMA device",
-            "4  port or GID problem",
-            "5  no TCP connection",
-            "6  bad exchange",
-            "7  timed out waiting for a completion",
-            "8  a work completion with an error status",
-            "9  verification failed",
-        ] {
-            assert!(help.contains(line), "{help}");
+        for (code, name) in exit::ALL {
+            assert!(
+                help.lines().any(|l| l.starts_with(&format!("  {code} "))),
+                "{name} ({code}) is not in --help:\n{help}"
+            );
         }
+        assert!(help.contains("128+N  stopped by signal N"), "{help}");
+    }
+
+    #[test]
+    fn no_exit_code_means_two_things() {
+        let mut codes: Vec<u8> = exit::ALL.iter().map(|(c, _)| *c).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), exit::ALL.len(), "{:?}", exit::ALL);
+        assert!(codes.iter().all(|&c| c < exit::SIGNAL_BASE));
     }
 
     #[test]

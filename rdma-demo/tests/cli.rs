@@ -131,8 +131,14 @@ fn help_lists_exit_codes() {
     let out = rdma_demo(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
     let help = String::from_utf8_lossy(&out.stdout);
-    assert!(help.contains("Exit codes:"), "{help}");
-    assert!(help.contains("3  no RDMA device"), "{help}");
+    assert!(
+        help.contains("Exit codes (one table for rdma-demo and rdma-trace"),
+        "{help}"
+    );
+    assert!(
+        help.contains("3    this machine lacks what is needed: no RDMA device"),
+        "{help}"
+    );
     assert!(help.contains("devices"), "{help}");
 }
 
@@ -146,7 +152,7 @@ fn demos_without_devices_or_with_bad_flags() {
         assert_eq!(help.status.code(), Some(0));
         let help = String::from_utf8_lossy(&help.stdout);
         assert!(
-            help.contains("7  timed out waiting for a completion"),
+            help.contains("7    timed out waiting for a completion"),
             "{help}"
         );
         assert!(help.contains("[default: 0.0.0.0]"), "{help}");

@@ -24,27 +24,29 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use rdma_demo::error::EXIT_CODES_HELP;
+
 use crate::error::{Unsupported, exit};
+
+/// The examples of the top-level `--help`, then the exit codes of both binaries.
+fn top_help() -> String {
+    format!(
+        "Examples:\n  sudo rdma-trace run --mode both --json report.json\n  \
+         sudo rdma-trace softirqs --duration 5\n  \
+         sudo rdma-trace verify --demo write-read --mode event\n  \
+         sudo rdma-trace export --listen 0.0.0.0:9464\n  \
+         rdma-trace completions bash > /etc/bash_completion.d/rdma-trace\n  \
+         sudo rdma-trace funclat ib_uverbs_comp_handler -- ibv_rc_pingpong -e -d rxe0 -g 1 10.0.0.2\n\n\
+         {EXIT_CODES_HELP}"
+    )
+}
 
 #[derive(Parser)]
 #[command(
     name = "rdma-trace",
     version,
     about = "Latency histograms of the Linux RDMA completion path, with eBPF",
-    after_help = "Exit codes: 0 ok (also a window ended by --duration, and Ctrl-C ending a collection \
-                  that runs until stopped); 1 failure; 2 bad usage; 3 the kernel or privileges lack what \
-                  a probe needs (no kprobes, no such function, not root); 4 `verify` saw a socket syscall \
-                  in the data phase; 5 the bundled rdma-demo of `run` or `verify` failed (its own status \
-                  is printed); 129, 130, 143 stopped by SIGHUP, SIGINT, SIGTERM (`run` and `verify` at any \
-                  time, the others while they set up). With \
-                  a COMMAND (`funclat -- COMMAND`), a command that fails makes rdma-trace exit with its \
-                  status.\n\n\
-                  Examples:\n  sudo rdma-trace run --mode both --json report.json\n  \
-                  sudo rdma-trace softirqs --duration 5\n  \
-                  sudo rdma-trace verify --demo write-read --mode event\n  \
-                  sudo rdma-trace export --listen 0.0.0.0:9464\n  \
-                  rdma-trace completions bash > /etc/bash_completion.d/rdma-trace\n  \
-                  sudo rdma-trace funclat ib_uverbs_comp_handler -- ibv_rc_pingpong -e -d rxe0 -g 1 10.0.0.2"
+    after_help = top_help()
 )]
 struct Cli {
     #[command(subcommand)]
@@ -65,7 +67,9 @@ enum Cmd {
     #[command(
         after_help = "Examples:\n  sudo rdma-trace funclat rxe_rcv rxe_cq_post --duration 5\n  \
                       sudo rdma-trace funclat ib_uverbs_comp_handler -- \
-                      rdma-demo pingpong --loopback --mode event"
+                      rdma-demo pingpong --loopback --mode event\n\n\
+                      With a command, rdma-trace exits with its status when it fails (128+N \
+                      when signal N killed it)."
     )]
     Funclat(cmd::funclat::Args),
     /// Run the rdma-demo ping-pong (or any command, pids, the whole system) as load and report
@@ -77,8 +81,10 @@ enum Cmd {
                             sudo rdma-trace run --pid 4242 --json out.json\n  \
                             sudo rdma-trace run --all --duration 10\n\n\
                             With a CMD, --pid or --all, the workload replaces the demo (--mode, -i, -S, \
-                            -d, --server-device, --demo do not apply). Open a --timeline file in \
-                            https://ui.perfetto.dev.")]
+                            -d, --server-device, --demo do not apply). A command's status passes \
+                            through: rdma-trace exits with it when it fails, 128+N when signal N \
+                            killed it. A --pid run ends when its processes have all exited: status 0. \
+                            Open a --timeline file in https://ui.perfetto.dev.")]
     Run(cmd::run::Args),
     /// Hard IRQ handlers of RDMA/NIC interrupts (count, duration, CPU spread) and NET_RX/TASKLET.
     #[command(after_help = "Examples:\n  sudo rdma-trace irq\n  \
@@ -216,6 +222,24 @@ mod tests {
             assert!(parses(&[sub, "-S", &max_s]), "{sub} -S {max_s}");
             assert!(!parses(&[sub, "-S", &over_s]), "{sub} -S {over_s}");
         }
+    }
+
+    #[test]
+    fn help_lists_the_exit_codes_of_both_binaries() {
+        use clap::CommandFactory as _;
+        let help = Cli::command().render_long_help().to_string();
+        for (code, name) in rdma_demo::error::exit::ALL {
+            assert!(
+                help.lines().any(|l| l.starts_with(&format!("  {code} "))),
+                "{name} ({code}) is not in --help:\n{help}"
+            );
+        }
+        let run = Cli::command()
+            .find_subcommand_mut("run")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(run.contains("128+N"), "{run}");
     }
 
     #[test]

@@ -109,3 +109,19 @@ fn an_unwritable_timeline_is_refused_before_tracing() {
         "{err}"
     );
 }
+
+#[test]
+fn help_holds_the_exit_codes_of_both_binaries() {
+    let out = rdma_trace(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "Exit codes (one table for rdma-demo and rdma-trace",
+        "  3    this machine lacks what is needed",
+        "  10   rdma-trace verify: the demo's data phase used a socket",
+        "  11   rdma-trace run/verify: the rdma-demo it ran failed",
+        "passes its status",
+    ] {
+        assert!(help.contains(line), "{line:?} not in:\n{help}");
+    }
+}

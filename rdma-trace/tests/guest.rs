@@ -449,7 +449,7 @@ fn verify_fails_and_names_the_calls_when_the_data_phase_sends_over_tcp() {
         &["-i", "20", "--", "--inject-fault", "tcp-in-data"],
         "verify-tcp-in-data",
     );
-    assert_eq!(code, Some(4), "{text}");
+    assert_eq!(code, Some(10), "{text}");
     let data = &report["phases"][1];
     // std's TcpStream::write is send(2), i.e. sendto on x86_64.
     assert_named(
@@ -471,10 +471,10 @@ fn verify_fails_and_names_the_calls_when_the_data_phase_sends_over_tcp() {
 
 #[test]
 fn verify_reports_a_failing_demo_as_such() {
-    // rdma-demo exits 3 for an unknown device; verify reports that (exit 5, no verdict), with
+    // rdma-demo exits 3 for an unknown device; verify reports that (exit 11, no verdict), with
     // the demo's status and message.
     let (code, text, report) = verify(&["-d", "rxe9"], "verify-rxe9");
-    assert_eq!(code, Some(5), "{text}");
+    assert_eq!(code, Some(11), "{text}");
     assert!(
         text.contains("failed with status 3 (no or unknown RDMA device)"),
         "{text}"

@@ -71,7 +71,7 @@ pub struct Args {
     #[arg(long)]
     pub no_waterfall: bool,
     /// Trace these running processes (and their children) instead of running the demo; ends
-    /// when they have all exited (status 1), at --duration or Ctrl-C.
+    /// when they have all exited, at --duration or Ctrl-C (each a success: status 0).
     #[arg(long, value_name = "PID[,PID...]", value_delimiter = ',', conflicts_with_all = ["command", "all"],
           value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: Vec<u32>,
@@ -91,7 +91,7 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(10..=10_000_000))]
     pub timeline_max_events: u32,
     /// Run this command and its children as the load instead of the demo; rdma-trace exits
-    /// with its status.
+    /// with its status (128+N when signal N killed it).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
@@ -134,7 +134,7 @@ impl Args {
     }
 }
 
-/// A failing demo is an error (`DemoFailed`, exit 5), a stop signal too (`Stopped`).
+/// A failing demo is an error (`DemoFailed`, exit 11), a stop signal too (`Stopped`).
 pub async fn run(args: &Args) -> Result<Option<i32>> {
     crate::run::run(&args.config()).await
 }

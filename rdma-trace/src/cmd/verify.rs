@@ -64,10 +64,11 @@ impl Demo {
 
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Exit codes: 0 the data phase used no socket; 4 it did (the calls are \
-                        named); 5 the demo failed (its own status and message are printed, no \
+    after_help = "Exit codes: 0 the data phase used no socket; 10 it did (the calls are \
+                        named); 11 the demo failed (its own status and message are printed, no \
                         verdict); 1 failure; 2 bad usage; 3 no RDMA device, not root, or no eBPF; \
-                        130, 143, 129 stopped by SIGINT, SIGTERM, SIGHUP.\n\n\
+                        130, 143, 129 stopped by SIGINT, SIGTERM, SIGHUP (the table of both \
+                        binaries: rdma-trace --help).\n\n\
                         Examples:\n  sudo rdma-trace verify\n  \
                         sudo rdma-trace verify --demo write-read --mode event -S 65536\n  \
                         sudo rdma-trace verify --demo atomic -- --clients 4\n  \
@@ -103,7 +104,7 @@ pub struct Args {
     pub demo_args: Vec<String>,
 }
 
-/// The data phase touched a socket (exit code 4).
+/// The data phase touched a socket (exit code 10).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct SocketInDataPhase(pub String);

@@ -72,7 +72,7 @@ struct Phase {
     waterfall: Option<WaterfallReport>,
 }
 
-/// A failing demo is an error (`DemoFailed`, exit 5), a stop signal too (`Stopped`).
+/// A failing demo is an error (`DemoFailed`, exit 11), a stop signal too (`Stopped`).
 pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
     let timeline_file = super::workload::timeline_file(args)?;
     check_privileges()?;

@@ -397,8 +397,8 @@ echo '{"fake": true}' > "$json""#,
     let _ = std::fs::remove_file(&fake);
 }
 
-/// A demo that fails with its own status 4 (port/GID) is reported as a demo failure (exit 5),
-/// never read as the verdict "socket in the data phase" (exit 4).
+/// A demo that fails with its own status 4 (port/GID) is reported as a demo failure (exit 11),
+/// never read as the verdict "socket in the data phase" (exit 10).
 #[test]
 fn verify_reports_a_failing_demo_with_its_own_exit_code() {
     let fake = PathBuf::from(format!("/tmp/rdma-trace-exit4-{}.demo", std::process::id()));
@@ -406,7 +406,7 @@ fn verify_reports_a_failing_demo_with_its_own_exit_code() {
     let out = rdma_trace(&["verify", "--demo-binary", fake.to_str().unwrap()]);
     let _ = std::fs::remove_file(&fake);
     let stderr = &out.stderr;
-    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert_eq!(out.status.code(), Some(11), "{stderr}");
     assert!(
         stderr.contains("rdma-demo failed with status 4 (port or GID)"),
         "{stderr}"
