@@ -12,7 +12,7 @@ use crate::verbs::VerbsError;
 pub mod exit {
     pub const OK: u8 = 0;
     pub const FAILURE: u8 = 1;
-    /// Bad flags.
+    /// Bad flags, a deprecated spelling among them.
     pub const USAGE: u8 = 2;
     /// This machine lacks what is needed: an RDMA device (or the one named), root, or the
     /// kernel support a probe needs.
@@ -52,7 +52,7 @@ Exit codes (one table for rdma-demo and rdma-trace; no code means two things):
   0    success; for rdma-trace also a window ended by --duration, Ctrl-C or q, and a --pid
        run whose processes all exited
   1    runtime failure (a verbs call failed, e.g. a QP transition, or writing the output)
-  2    usage error (bad flags)
+  2    usage error (bad flags; an old spelling names its new flag)
   3    this machine lacks what is needed: no RDMA device or none named --device, not root,
        or the kernel lacks what a probe needs (kprobes, a function, a matching IRQ)
   4    port or GID problem (port not ACTIVE, GID index out of range or empty, MTU too big)

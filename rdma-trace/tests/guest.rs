@@ -626,7 +626,7 @@ fn cq_during_pingpong(args: &[&str], demo: &[&str]) -> (Output, String) {
 fn cq_logs_calls_with_callers_while_a_demo_runs() {
     let (out, stderr) = cq_during_pingpong(
         &["--duration", "25", "--json"],
-        &["--mode", "event", "-i", "100"],
+        &["--mode", "event", "-n", "100"],
     );
     assert!(out.status.success(), "rdma-trace cq failed: {stderr}");
     let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
@@ -665,7 +665,7 @@ fn cq_logs_calls_with_callers_while_a_demo_runs() {
 
 #[test]
 fn cq_text_lines_look_like_ftrace() {
-    let (out, _) = cq_during_pingpong(&["--duration", "20"], &["-i", "20"]);
+    let (out, _) = cq_during_pingpong(&["--duration", "20"], &["-n", "20"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     // `comm-tid [cpu] secs: function <-caller`

@@ -284,13 +284,13 @@ fn demo_args(args: &Args, kernel: &Kernel) -> Result<Vec<String>> {
     };
     push("--mode", mode.into());
     if let Some(i) = args.iterations {
-        push("-i", i.to_string());
+        push("--iterations", i.to_string());
     }
     if let Some(s) = args.size {
         if args.demo == Demo::Atomic {
             bail!("--size does not apply to the atomic demo (its operands are 8 bytes)");
         }
-        push("-S", s.to_string());
+        push("--size", s.to_string());
     }
     v.extend(args.demo_args.iter().cloned());
     Ok(v)
@@ -674,7 +674,7 @@ mod tests {
         let v = demo_args(&args, &kernel).unwrap();
         assert_eq!(
             v.join(" "),
-            "write-read --loopback --port 0 -d rxe1 --server-device rxe0 --mode event -i 5 -S 64 --mtu 1024"
+            "write-read --loopback --port 0 -d rxe1 --server-device rxe0 --mode event --iterations 5 --size 64 --mtu 1024"
         );
         let e = demo_args(
             &Args {

@@ -352,9 +352,9 @@ async fn run_demo(
         .args([
             "--mode",
             mode_arg,
-            "-i",
+            "--iterations",
             &args.iterations.to_string(),
-            "-S",
+            "--size",
             &args.size.to_string(),
         ])
         .arg("--json")

@@ -39,7 +39,7 @@ const OURS_MARK: &str = "probes:";
 fn demo_cmd(mode: &str, json: &str) -> String {
     format!(
         "rdma-demo pingpong --loopback --port 0 -d rxe1 --server-device rxe0 --mode {mode} \
-         -i {ITERATIONS} -S {SIZE} --json {json}"
+         -n {ITERATIONS} -s {SIZE} --json {json}"
     )
 }
 
