@@ -66,8 +66,8 @@ Exit codes (one table for rdma-demo and rdma-trace; no code means two things):
   11   rdma-trace run/verify: the rdma-demo it ran failed (its own status and message are
        printed)
   128+N  stopped by signal N: 129 SIGHUP, 130 SIGINT, 143 SIGTERM
-A command that rdma-trace runs (run -- CMD, funclat -- CMD) passes its status through: when
-it fails, rdma-trace exits with its exit code, or 128+N when signal N killed it.";
+A command that rdma-trace runs (run -c CMD, run -- CMD, funclat -- CMD) passes its status
+through: when it fails, rdma-trace exits with its exit code, or 128+N when signal N killed it.";
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {

@@ -29,7 +29,7 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 /// Exit codes, documented in `--help`: rdma-demo's table (`rdma_demo::error::exit`), which
 /// holds both binaries' codes so that no code means two things.
 pub mod exit {
-    pub use rdma_demo::error::exit::{DEMO_FAILED, FAILURE, OK, SOCKET_IN_DATA_PHASE};
+    pub use rdma_demo::error::exit::{DEMO_FAILED, FAILURE, OK, SOCKET_IN_DATA_PHASE, USAGE};
     /// The kernel or the privileges lack what a probe needs, or there is no RDMA device: the
     /// code rdma-demo gives for a missing device ("this machine lacks what is needed").
     pub const UNSUPPORTED: u8 = rdma_demo::error::exit::NO_DEVICE;

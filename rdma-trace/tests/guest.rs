@@ -307,7 +307,7 @@ fn run_both_modes_between_rxe0_and_rxe1() {
 fn run_cleans_up_after_sigterm() {
     let mut child = KillOnDrop::spawn(
         Command::new(RDMA_TRACE)
-            .args(["run", "--mode", "event", "--no-tui", "-i", "1000000"])
+            .args(["run", "--mode", "event", "--no-tui", "-n", "1000000"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
     );
@@ -395,7 +395,7 @@ fn assert_named(named: &[String], all: &[&str], any: &[&str], context: &str) {
 fn verify_passes(demo: &str, iters: &str) {
     for mode in ["poll", "event"] {
         let (code, text, report) = verify(
-            &["--demo", demo, "--mode", mode, "-i", iters],
+            &["--demo", demo, "--mode", mode, "-n", iters],
             &format!("verify-{demo}-{mode}"),
         );
         assert_eq!(code, Some(0), "{demo} {mode}:\n{text}");
@@ -446,7 +446,7 @@ fn verify_atomic_data_phase_uses_no_socket() {
 #[test]
 fn verify_fails_and_names_the_calls_when_the_data_phase_sends_over_tcp() {
     let (code, text, report) = verify(
-        &["-i", "20", "--", "--inject-fault", "tcp-in-data"],
+        &["-n", "20", "--", "--inject-fault", "tcp-in-data"],
         "verify-tcp-in-data",
     );
     assert_eq!(code, Some(10), "{text}");
@@ -625,7 +625,7 @@ fn cq_during_pingpong(args: &[&str], demo: &[&str]) -> (Output, String) {
 #[test]
 fn cq_logs_calls_with_callers_while_a_demo_runs() {
     let (out, stderr) = cq_during_pingpong(
-        &["--duration", "25", "--json"],
+        &["--duration", "25", "--json", "-"],
         &["--mode", "event", "-n", "100"],
     );
     assert!(out.status.success(), "rdma-trace cq failed: {stderr}");

@@ -21,7 +21,7 @@ use crate::{
     after_help = "Exit status: rdma-trace's (see `rdma-trace run --help`), or the \
                         guest's codes of `cargo xtask vm --help` (124 timeout, 125 no status, \
                         126 no boot).\n\nExamples:\n  cargo xtask run\n  \
-                        cargo xtask run -- --mode both -i 2000\n  \
+                        cargo xtask run -- --mode both -n 2000\n  \
                         cargo xtask run --guest --kernel 6.12 -- --interval 0.5"
 )]
 pub struct Args {

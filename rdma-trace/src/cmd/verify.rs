@@ -70,7 +70,7 @@ impl Demo {
                         130, 143, 129 stopped by SIGINT, SIGTERM, SIGHUP (the table of both \
                         binaries: rdma-trace --help).\n\n\
                         Examples:\n  sudo rdma-trace verify\n  \
-                        sudo rdma-trace verify --demo write-read --mode event -S 65536\n  \
+                        sudo rdma-trace verify --demo write-read --mode event -s 65536\n  \
                         sudo rdma-trace verify --demo atomic -- --clients 4\n  \
                         sudo rdma-trace verify --json verify.json -d mlx5_0"
 )]
@@ -81,11 +81,12 @@ pub struct Args {
     /// Which demo to run (`rdma-demo <demo> --loopback`).
     #[arg(long, value_enum, default_value = "pingpong")]
     pub demo: Demo,
-    /// Iterations [default: the demo's].
-    #[arg(short, long, value_parser = clap::value_parser!(u32).range(1..=i64::from(rdma_demo::limits::MAX_ITERATIONS)))]
+    /// Iterations (perftest's -n) [default: the demo's].
+    #[arg(short = 'n', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(rdma_demo::limits::MAX_ITERATIONS)))]
     pub iterations: Option<u32>,
-    /// Message or buffer size in bytes (pingpong, write-read) [default: the demo's].
-    #[arg(short = 'S', long, value_parser = clap::value_parser!(u32).range(i64::from(rdma_demo::limits::MIN_SIZE)..=i64::from(rdma_demo::limits::MAX_SIZE)))]
+    /// Message or buffer size in bytes (pingpong, write-read; perftest's -s) [default: the
+    /// demo's].
+    #[arg(short = 's', long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(i64::from(rdma_demo::limits::MIN_SIZE)..=i64::from(rdma_demo::limits::MAX_SIZE)))]
     pub size: Option<u32>,
     /// RDMA device of the client [default: rxe1 when rxe0 and rxe1 exist, else the first].
     #[arg(short, long, value_name = "DEV")]

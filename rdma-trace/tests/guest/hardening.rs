@@ -157,7 +157,7 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
             let mut child = KillOnDrop::spawn(
                 Command::new(RDMA_TRACE)
                     .args(["run", "--mode", "event", "--no-tui", "--interval", "0.5"])
-                    .args(["-i", "1000000"])
+                    .args(["-n", "1000000"])
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped()),
             );
@@ -291,7 +291,7 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
         !stale.is_empty(),
         "the run SIGKILLed during its live view left its private directory"
     );
-    let out = rdma_trace(&["run", "--mode", "poll", "--no-tui", "-i", "20"]);
+    let out = rdma_trace(&["run", "--mode", "poll", "--no-tui", "-n", "20"]);
     let stderr = &out.stderr;
     assert!(out.status.success(), "{stderr}");
     assert_eq!(
@@ -366,7 +366,7 @@ echo '{"fake": true}' > "$json""#,
             "--mode",
             "poll",
             "--no-tui",
-            "--demo",
+            "--demo-binary",
             fake.to_str().unwrap(),
         ],
         "private-dir",
@@ -424,7 +424,7 @@ fn run_refuses_a_bad_json_path_before_attaching() {
     let out = rdma_trace(&[
         "run",
         "--no-tui",
-        "-i",
+        "-n",
         "20",
         "--json",
         "/nonexistent/dir/r.json",

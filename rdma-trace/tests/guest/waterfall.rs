@@ -167,7 +167,7 @@ fn waterfall_of_a_pinned_demo_shows_its_cpu_for_every_on_cpu_stage() {
     let cpu = (cpus - 1).to_string();
     let run = run_json_with(
         Command::new("taskset").args(["-c", &cpu, RDMA_TRACE]),
-        &["run", "--no-tui", "--mode", "event", "-i", "200"],
+        &["run", "--no-tui", "--mode", "event", "-n", "200"],
         "waterfall-pinned",
     );
     run.assert_success("taskset rdma-trace run");
