@@ -85,7 +85,8 @@ impl Endpoint {
         let dev_attr = ctx.query_device()?;
         if opts.ib_port == 0 || opts.ib_port > dev_attr.phys_port_cnt {
             return Err(DemoError::Port(format!(
-                "{name} has {} port(s); --ib-port {} does not exist",
+                "{name} has {} port(s); --ib-port (-i) {} does not exist (-i is the IB port, as \
+                 in perftest; the iteration count is -n)",
                 dev_attr.phys_port_cnt, opts.ib_port
             )));
         }
@@ -151,7 +152,7 @@ impl Endpoint {
                 }
                 let entry = found.ok_or_else(|| {
                     DemoError::Port(format!(
-                        "{name} port {port} has no IPv4-mapped RoCE v2 GID (does its network device have an IPv4 address?); pick one with -g (see `rdma-demo devices`)"
+                        "{name} port {port} has no IPv4-mapped RoCE v2 GID (does its network device have an IPv4 address?); pick one with -x (see `rdma-demo devices`)"
                     ))
                 })?;
                 notes.push(format!(

@@ -476,7 +476,7 @@ pub fn exchange(
     Ok(theirs)
 }
 
-/// Both sides must run the same `-i` (and the same `-S` when `size` is given), as perftest's
+/// Both sides must run the same `-n` (and the same `-s` when `size` is given), as perftest's
 /// tools require.
 pub fn check_same_run(
     stream: &TcpStream,
@@ -489,11 +489,11 @@ pub fn check_same_run(
     }
     let what = match size {
         Some(s) => format!(
-            "peer runs -i {} -S {}, we run -i {iterations} -S {s} (use the same on both sides)",
+            "peer runs -n {} -s {}, we run -n {iterations} -s {s} (use the same on both sides)",
             theirs.iterations, theirs.size
         ),
         None => format!(
-            "peer runs -i {}, we run -i {iterations} (use the same on both sides)",
+            "peer runs -n {}, we run -n {iterations} (use the same on both sides)",
             theirs.iterations
         ),
     };

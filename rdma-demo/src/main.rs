@@ -14,6 +14,7 @@ use rdma_demo::devices::{self, DevicesError};
 use rdma_demo::endpoint::{EndpointOptions, Fault};
 use rdma_demo::error::{DemoError, EXIT_CODES_HELP, exit};
 use rdma_demo::exchange::{self, SizedParams};
+use rdma_demo::flags::{Renamed, When};
 use rdma_demo::{atomic, limits, pingpong, write_pingpong, write_read};
 
 #[derive(Debug, Parser)]
@@ -33,7 +34,7 @@ enum Command {
     /// List RDMA devices, their ports and GID tables
     #[command(after_help = with_exit_codes(DEVICES_EXAMPLES))]
     Devices(DevicesArgs),
-    /// SEND/RECV ping-pong between a server (-s) and a client, like ibv_rc_pingpong
+    /// SEND/RECV ping-pong between a server (--server) and a client, like ibv_rc_pingpong
     #[command(after_help = with_exit_codes(PINGPONG_EXAMPLES))]
     Pingpong(PingPongArgs),
     /// One-sided RDMA WRITE/READ: the client reads, writes and reads back the server's buffer
@@ -66,29 +67,79 @@ enum Command {
 
 const EXAMPLES: &str = "Examples:
   rdma-demo devices
-  rdma-demo pingpong --loopback -d rxe1 --server-device rxe0 -i 1000 -S 64
-  rdma-demo pingpong -s -d rxe0            # server; then on the client host:
-  rdma-demo pingpong -d rxe1 10.9.0.1";
+  rdma-demo pingpong --loopback -d rxe1 --server-device rxe0 -n 1000 -s 64
+  rdma-demo pingpong --server -d rxe0      # server; then on the client host:
+  rdma-demo pingpong -d rxe1 10.9.0.1
+
+The flags follow perftest: -s size, -n iterations, -x GID index, -e events, -d device,
+-i IB port, -p TCP port, -m MTU.";
 const DEVICES_EXAMPLES: &str = "Examples:
   rdma-demo devices
   rdma-demo devices -d rxe0 --json";
 const PINGPONG_EXAMPLES: &str = "Examples:
-  rdma-demo pingpong --loopback -d rxe1 --server-device rxe0 -i 1000 -S 64
-  rdma-demo pingpong -s -d rxe0 --mode event
-  rdma-demo pingpong -d rxe1 --mode event --json pingpong.json 10.9.0.1";
+  rdma-demo pingpong --loopback -d rxe1 --server-device rxe0 -n 1000 -s 64
+  rdma-demo pingpong --server -d rxe0 -e
+  rdma-demo pingpong -d rxe1 -e --json pingpong.json 10.9.0.1";
 const WRITE_READ_EXAMPLES: &str = "Examples:
-  rdma-demo write-read --loopback -d rxe1 --server-device rxe0 -S 65536
-  rdma-demo write-read -s -d rxe0
-  rdma-demo write-read -d rxe1 -i 100 10.9.0.1";
+  rdma-demo write-read --loopback -d rxe1 --server-device rxe0 -s 65536
+  rdma-demo write-read --server -d rxe0
+  rdma-demo write-read -d rxe1 -n 100 10.9.0.1";
 const WRITE_PINGPONG_EXAMPLES: &str = "Examples:
-  rdma-demo write-pingpong --loopback -d rxe1 --server-device rxe0 -S 64
-  rdma-demo write-pingpong -s -d rxe0
-  rdma-demo write-pingpong -d rxe1 -i 1000 -S 4096 10.9.0.1";
+  rdma-demo write-pingpong --loopback -d rxe1 --server-device rxe0 -s 64
+  rdma-demo write-pingpong --server -d rxe0
+  rdma-demo write-pingpong -d rxe1 -n 1000 -s 4096 10.9.0.1";
 const ATOMIC_EXAMPLES: &str = "Examples:
   rdma-demo atomic --loopback -d rxe1 --server-device rxe0 --clients 4
-  rdma-demo atomic -s -d rxe0 --clients 2
-  rdma-demo atomic -d rxe1 --clients 2 -i 500 10.9.0.1
-  rdma-demo atomic -d rxe1 --repeat faa -i 500 10.9.0.1   (as ib_atomic_lat -A FETCH_AND_ADD)";
+  rdma-demo atomic --server -d rxe0 --clients 2
+  rdma-demo atomic -d rxe1 --clients 2 -n 500 10.9.0.1
+  rdma-demo atomic -d rxe1 --repeat faa -n 500 10.9.0.1   (as ib_atomic_lat -A FETCH_AND_ADD)";
+
+/// The demos with a message or buffer size.
+const SIZED: &[&str] = &["pingpong", "write-read", "write-pingpong"];
+/// Every demo.
+const DEMOS: &[&str] = &["pingpong", "write-read", "write-pingpong", "atomic"];
+
+/// Old spellings, refused for one release with the new one (exit 2), before clap parses the
+/// line: the flags now follow perftest (`-s` size, `-n` iterations, `-x` GID index, `-i` IB
+/// port). `-s` and `-i` have their new meaning already where the value fits it.
+const RENAMED: &[Renamed] = &[
+    Renamed {
+        subcommands: SIZED,
+        old: "-s",
+        new: "--size",
+        when: When::NotANumber,
+        message: "-s is now --size (as in perftest); run the server with --server",
+    },
+    Renamed {
+        subcommands: &["atomic"],
+        old: "-s",
+        new: "--server",
+        when: When::Always,
+        message: "-s is now --size (as in perftest), which atomic does not have; run the server \
+                  with --server",
+    },
+    Renamed {
+        subcommands: SIZED,
+        old: "-S",
+        new: "--size",
+        when: When::Always,
+        message: "-S is now -s (--size), as in perftest",
+    },
+    Renamed {
+        subcommands: DEMOS,
+        old: "-g",
+        new: "--gid-index",
+        when: When::Always,
+        message: "-g is now -x (--gid-index), as in perftest",
+    },
+    Renamed {
+        subcommands: DEMOS,
+        old: "-i",
+        new: "--iterations",
+        when: When::NotIn(1, u8::MAX as u64),
+        message: "-i is now -n (--iterations), as in perftest; -i is the IB port (--ib-port)",
+    },
+];
 
 /// `examples`, a blank line, and the exit codes.
 fn with_exit_codes(examples: &str) -> String {
@@ -109,7 +160,7 @@ struct DevicesArgs {
 #[derive(Debug, Args)]
 struct CommonArgs {
     /// Run as the server (waits for a client)
-    #[arg(short = 's', long, conflicts_with_all = ["host", "loopback"])]
+    #[arg(long, conflicts_with_all = ["host", "loopback"])]
     server: bool,
     /// Address of the server (client mode)
     #[arg(value_name = "SERVER", required_unless_present_any = ["server", "loopback"])]
@@ -123,11 +174,11 @@ struct CommonArgs {
     /// Device of the server with --loopback [default: --device]
     #[arg(long, value_name = "NAME")]
     server_device: Option<String>,
-    /// Port of the RDMA device
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
+    /// Port of the RDMA device (perftest's -i)
+    #[arg(short = 'i', long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
     ib_port: u8,
-    /// GID index [default: the first IPv4-mapped RoCE v2 GID; none on InfiniBand]
-    #[arg(short = 'g', long, value_name = "INDEX")]
+    /// GID index (perftest's -x) [default: the first IPv4-mapped RoCE v2 GID; none on InfiniBand]
+    #[arg(short = 'x', long, value_name = "INDEX")]
     gid_index: Option<u32>,
     /// Path MTU in bytes (256..4096) [default: the port's active MTU]; both sides must agree
     #[arg(short = 'm', long, value_name = "BYTES", value_parser = ["256", "512", "1024", "2048", "4096"])]
@@ -169,10 +220,10 @@ struct PingPongArgs {
     #[command(flatten)]
     common: CommonArgs,
     /// Round trips
-    #[arg(short = 'i', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
     iterations: u32,
     /// Message size in bytes
-    #[arg(short = 'S', long, value_name = "BYTES", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(i64::from(limits::MIN_SIZE)..=i64::from(limits::MAX_SIZE)))]
+    #[arg(short = 's', long, value_name = "BYTES", default_value_t = limits::DEFAULT_SIZE, value_parser = clap::value_parser!(u32).range(i64::from(limits::MIN_SIZE)..=i64::from(limits::MAX_SIZE)))]
     size: u32,
 }
 
@@ -181,10 +232,10 @@ struct WriteReadArgs {
     #[command(flatten)]
     common: CommonArgs,
     /// WRITE + READ-back rounds
-    #[arg(short = 'i', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
     iterations: u32,
     /// Buffer size in bytes
-    #[arg(short = 'S', long, value_name = "BYTES", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(i64::from(limits::MIN_SIZE)..=i64::from(limits::MAX_SIZE)))]
+    #[arg(short = 's', long, value_name = "BYTES", default_value_t = limits::DEFAULT_SIZE, value_parser = clap::value_parser!(u32).range(i64::from(limits::MIN_SIZE)..=i64::from(limits::MAX_SIZE)))]
     size: u32,
 }
 
@@ -193,10 +244,10 @@ struct WritePingPongArgs {
     #[command(flatten)]
     common: CommonArgs,
     /// Round trips
-    #[arg(short = 'i', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
     iterations: u32,
     /// Message size in bytes, a multiple of 8 (the last 8 bytes carry the message number)
-    #[arg(short = 'S', long, value_name = "BYTES", default_value_t = 4096, value_parser = parse_size_of_words)]
+    #[arg(short = 's', long, value_name = "BYTES", default_value_t = limits::DEFAULT_SIZE, value_parser = parse_size_of_words)]
     size: u32,
 }
 
@@ -218,13 +269,13 @@ struct AtomicArgs {
     #[command(flatten)]
     common: CommonArgs,
     /// Rounds per client (FADD, lock, check, unlock); with --repeat, atomics per client
-    #[arg(short = 'i', long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
     iterations: u32,
     /// Clients at once: the server waits for this many, the client side starts this many
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=atomic::MAX_CLIENTS as i64))]
     clients: u32,
     /// Repeat one atomic on one word instead of the lock rounds, each timed post → completion
-    /// (what ib_atomic_lat -A FETCH_AND_ADD / CMP_AND_SWAP measures): -i adds, or -i successful
+    /// (what ib_atomic_lat -A FETCH_AND_ADD / CMP_AND_SWAP measures): -n adds, or -n successful
     /// CASes (a CAS another client beat is retried, and timed too)
     #[arg(long, value_enum, value_name = "OP")]
     repeat: Option<atomic::Repeat>,
@@ -253,6 +304,13 @@ impl From<DemoError> for Failure {
 }
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if let Some(rule) = rdma_demo::flags::deprecated(&argv, RENAMED) {
+        let _ = writeln!(io::stderr(), "rdma-demo: {}", rule.message);
+        return ExitCode::from(exit::USAGE);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Devices(args) => run_devices(&args),
@@ -564,19 +622,115 @@ mod tests {
     #[test]
     fn help_documents_exit_codes() {
         let help = Cli::command().render_long_help().to_string();
-        for line in [
-            "0  success",
-            "1  runtime failure",
-            "2  usage error",
-            "3  no RDMA device",
-            "4  port or GID problem",
-            "5  no TCP connection",
-            "6  bad exchange",
-            "7  timed out waiting for a completion",
-            "8  a work completion with an error status",
-            "9  verification failed",
+        for (code, name) in exit::ALL {
+            assert!(
+                help.lines().any(|l| l.starts_with(&format!("  {code} "))),
+                "{name} ({code}) is not in --help:\n{help}"
+            );
+        }
+        assert!(help.contains("128+N  stopped by signal N"), "{help}");
+    }
+
+    #[test]
+    fn no_exit_code_means_two_things() {
+        let mut codes: Vec<u8> = exit::ALL.iter().map(|(c, _)| *c).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), exit::ALL.len(), "{:?}", exit::ALL);
+        assert!(codes.iter().all(|&c| c < exit::SIGNAL_BASE));
+    }
+
+    #[test]
+    fn a_short_flag_means_one_long_flag_in_every_subcommand() {
+        assert_eq!(
+            rdma_demo::flags::short_flag_clashes(&Cli::command()),
+            Vec::<String>::new()
+        );
+        // The perftest letters.
+        let mut cmd = Cli::command();
+        cmd.build();
+        for demo in ["pingpong", "write-read", "write-pingpong"] {
+            let sub = cmd.find_subcommand(demo).unwrap();
+            for (short, long) in [
+                ('s', "size"),
+                ('n', "iterations"),
+                ('x', "gid-index"),
+                ('e', "event"),
+                ('d', "device"),
+                ('i', "ib-port"),
+                ('p', "port"),
+                ('m', "mtu"),
+            ] {
+                let arg = sub.get_arguments().find(|a| a.get_short() == Some(short));
+                assert_eq!(
+                    arg.and_then(|a| a.get_long()),
+                    Some(long),
+                    "{demo} -{short}"
+                );
+            }
+        }
+    }
+
+    fn refused(line: &str) -> Option<&'static str> {
+        let argv: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+        rdma_demo::flags::deprecated(&argv, RENAMED).map(|r| r.message)
+    }
+
+    #[test]
+    fn old_spellings_name_the_new_flag() {
+        assert_eq!(
+            rdma_demo::flags::stale_rules(&Cli::command(), RENAMED),
+            Vec::<String>::new()
+        );
+        for (line, says) in [
+            (
+                "rdma-demo pingpong -s",
+                "-s is now --size (as in perftest); run the server with --server",
+            ),
+            (
+                "rdma-demo pingpong -s -d rxe0 -e",
+                "run the server with --server",
+            ),
+            (
+                "rdma-demo write-read -d rxe0 -s",
+                "run the server with --server",
+            ),
+            (
+                "rdma-demo atomic -s -d rxe0",
+                "which atomic does not have; run the server with --server",
+            ),
+            ("rdma-demo atomic -s 64", "run the server with --server"),
+            (
+                "rdma-demo pingpong -g 1 10.9.0.1",
+                "-g is now -x (--gid-index), as in perftest",
+            ),
+            (
+                "rdma-demo pingpong --loopback -S 64",
+                "-S is now -s (--size), as in perftest",
+            ),
+            (
+                "rdma-demo pingpong --loopback -i 1000",
+                "-i is now -n (--iterations), as in perftest",
+            ),
+            (
+                "rdma-demo atomic --loopback -i 500",
+                "-i is now -n (--iterations)",
+            ),
         ] {
-            assert!(help.contains(line), "{help}");
+            assert_eq!(
+                refused(line).map(|m| m.contains(says)),
+                Some(true),
+                "{line}"
+            );
+        }
+        for line in [
+            "rdma-demo pingpong --server -s 64",
+            "rdma-demo pingpong --loopback -s 4096 -n 10 -x 1 -i 1",
+            "rdma-demo devices -d rxe0",
+            "rdma-demo write-pingpong --server -d rxe0 -i 2",
+        ] {
+            assert_eq!(refused(line), None, "{line}");
+            Cli::try_parse_from(line.split_whitespace()).unwrap();
         }
     }
 
@@ -584,18 +738,18 @@ mod tests {
     fn iteration_and_size_bounds_are_the_shared_limits() {
         use rdma_demo::limits::{MAX_ITERATIONS, MAX_SIZE, MIN_SIZE};
         let parses = |args: &[&str]| {
-            Cli::try_parse_from([&["rdma-demo"][..], args, &["-s"]].concat()).is_ok()
+            Cli::try_parse_from([&["rdma-demo"][..], args, &["--server"]].concat()).is_ok()
         };
         let n = |v: u32| v.to_string();
         for demo in ["pingpong", "write-read", "atomic"] {
-            assert!(parses(&[demo, "-i", &n(MAX_ITERATIONS)]), "{demo}");
-            assert!(!parses(&[demo, "-i", &n(MAX_ITERATIONS + 1)]), "{demo}");
+            assert!(parses(&[demo, "-n", &n(MAX_ITERATIONS)]), "{demo}");
+            assert!(!parses(&[demo, "-n", &n(MAX_ITERATIONS + 1)]), "{demo}");
         }
         for demo in ["pingpong", "write-read"] {
-            assert!(parses(&[demo, "-S", &n(MIN_SIZE)]), "{demo}");
-            assert!(!parses(&[demo, "-S", &n(MIN_SIZE - 1)]), "{demo}");
-            assert!(parses(&[demo, "-S", &n(MAX_SIZE)]), "{demo}");
-            assert!(!parses(&[demo, "-S", &n(MAX_SIZE + 1)]), "{demo}");
+            assert!(parses(&[demo, "-s", &n(MIN_SIZE)]), "{demo}");
+            assert!(!parses(&[demo, "-s", &n(MIN_SIZE - 1)]), "{demo}");
+            assert!(parses(&[demo, "-s", &n(MAX_SIZE)]), "{demo}");
+            assert!(!parses(&[demo, "-s", &n(MAX_SIZE + 1)]), "{demo}");
         }
     }
 
@@ -605,9 +759,9 @@ mod tests {
             "rdma-demo",
             "pingpong",
             "-e",
-            "-i",
+            "-n",
             "5",
-            "-S",
+            "-s",
             "64",
             "10.9.0.1",
         ])
@@ -620,14 +774,22 @@ mod tests {
         assert_eq!(a.common.port, 18515);
         assert_eq!(a.common.bind, "0.0.0.0");
         assert_eq!(a.common.client_options().timeout, Duration::from_secs(10));
+        assert_eq!((a.iterations, a.size), (5, 64));
+        let Command::Pingpong(d) = Cli::try_parse_from(["rdma-demo", "pingpong", "--server"])
+            .unwrap()
+            .command
+        else {
+            panic!("not pingpong")
+        };
+        assert_eq!(d.size, rdma_demo::limits::DEFAULT_SIZE);
         // A client needs a server address; sizes and counts are bounded.
         for bad in [
             &["rdma-demo", "pingpong"][..],
-            &["rdma-demo", "pingpong", "-s", "-S", "4"],
-            &["rdma-demo", "pingpong", "-s", "-i", "0"],
-            &["rdma-demo", "pingpong", "-s", "--timeout", "0"],
-            &["rdma-demo", "pingpong", "-s", "--mtu", "1000"],
-            &["rdma-demo", "pingpong", "-s", "host"],
+            &["rdma-demo", "pingpong", "--server", "-s", "4"],
+            &["rdma-demo", "pingpong", "--server", "-n", "0"],
+            &["rdma-demo", "pingpong", "--server", "--timeout", "0"],
+            &["rdma-demo", "pingpong", "--server", "--mtu", "1000"],
+            &["rdma-demo", "pingpong", "--server", "host"],
         ] {
             assert!(Cli::try_parse_from(bad).is_err(), "{bad:?} parsed");
         }

@@ -131,8 +131,14 @@ fn help_lists_exit_codes() {
     let out = rdma_demo(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
     let help = String::from_utf8_lossy(&out.stdout);
-    assert!(help.contains("Exit codes:"), "{help}");
-    assert!(help.contains("3  no RDMA device"), "{help}");
+    assert!(
+        help.contains("Exit codes (one table for rdma-demo and rdma-trace"),
+        "{help}"
+    );
+    assert!(
+        help.contains("3    this machine lacks what is needed: no RDMA device"),
+        "{help}"
+    );
     assert!(help.contains("devices"), "{help}");
 }
 
@@ -141,12 +147,15 @@ fn demos_without_devices_or_with_bad_flags() {
     for demo in ["pingpong", "write-read", "atomic"] {
         // Usage errors first: no server address, out-of-range sizes.
         assert_eq!(rdma_demo(&[demo]).status.code(), Some(2));
-        assert_eq!(rdma_demo(&[demo, "-s", "-i", "0"]).status.code(), Some(2));
+        assert_eq!(
+            rdma_demo(&[demo, "--server", "-n", "0"]).status.code(),
+            Some(2)
+        );
         let help = rdma_demo(&[demo, "--help"]);
         assert_eq!(help.status.code(), Some(0));
         let help = String::from_utf8_lossy(&help.stdout);
         assert!(
-            help.contains("7  timed out waiting for a completion"),
+            help.contains("7    timed out waiting for a completion"),
             "{help}"
         );
         assert!(help.contains("[default: 0.0.0.0]"), "{help}");
@@ -160,7 +169,7 @@ fn demos_without_devices_or_with_bad_flags() {
 
 #[test]
 fn server_device_needs_loopback() {
-    let out = rdma_demo(&["pingpong", "-s", "--server-device", "rxe1"]);
+    let out = rdma_demo(&["pingpong", "--server", "--server-device", "rxe1"]);
     assert_eq!(out.status.code(), Some(2));
     let lines = stderr_lines(&out);
     assert_eq!(
@@ -231,13 +240,13 @@ fn every_help_has_examples() {
     }
 }
 
-/// `-i 0` is refused as a usage error (exit 2) before anything starts, in every role: a run
+/// `-n 0` is refused as a usage error (exit 2) before anything starts, in every role: a run
 /// of no iterations measures nothing, and the exchange refuses 0 iterations too.
 #[test]
 fn zero_iterations_is_a_usage_error() {
     for demo in ["pingpong", "write-read", "atomic"] {
-        for role in ["-s", "127.0.0.1", "--loopback"] {
-            for flag in [&["-i", "0"][..], &["--iterations=0"]] {
+        for role in ["--server", "127.0.0.1", "--loopback"] {
+            for flag in [&["-n", "0"][..], &["--iterations=0"]] {
                 let mut args = vec![demo, role];
                 args.extend_from_slice(flag);
                 let out = rdma_demo(&args);
@@ -263,7 +272,7 @@ fn a_port_in_use_is_one_line_and_exit_5() {
     let port = taken.local_addr().unwrap().port().to_string();
     for demo in ["pingpong", "write-read", "atomic"] {
         for args in [
-            vec![demo, "-s", "--bind", "127.0.0.1", "-p", &port],
+            vec![demo, "--server", "--bind", "127.0.0.1", "-p", &port],
             vec![demo, "--loopback", "-p", &port],
         ] {
             let out = rdma_demo(&args);
@@ -284,12 +293,12 @@ fn a_port_in_use_is_one_line_and_exit_5() {
 #[test]
 fn write_pingpong_wants_a_size_of_whole_words() {
     for bad in ["12", "4", "2000000"] {
-        let out = rdma_demo(&["write-pingpong", "--loopback", "-S", bad]);
-        assert_eq!(out.status.code(), Some(2), "-S {bad}");
+        let out = rdma_demo(&["write-pingpong", "--loopback", "-s", bad]);
+        assert_eq!(out.status.code(), Some(2), "-s {bad}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             err.contains("want a multiple of 8 from 8 to 1048576"),
-            "-S {bad}: {err}"
+            "-s {bad}: {err}"
         );
     }
 }
@@ -303,4 +312,44 @@ fn write_pingpong_has_no_event_mode() {
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains("it has no event mode"), "{err}");
     }
+}
+
+/// The flags follow perftest now; an old spelling ends the run with one line that names the
+/// new flag, exit 2, before anything starts.
+#[test]
+fn old_flag_spellings_are_refused_in_one_line() {
+    for (args, line) in [
+        (
+            &["pingpong", "-s"][..],
+            "rdma-demo: -s is now --size (as in perftest); run the server with --server",
+        ),
+        (
+            &["pingpong", "-s", "-d", "rxe0"],
+            "rdma-demo: -s is now --size (as in perftest); run the server with --server",
+        ),
+        (
+            &["pingpong", "-g", "1", "10.9.0.1"],
+            "rdma-demo: -g is now -x (--gid-index), as in perftest",
+        ),
+        (
+            &["write-read", "--loopback", "-S", "64"],
+            "rdma-demo: -S is now -s (--size), as in perftest",
+        ),
+        (
+            &["pingpong", "--loopback", "-i", "1000"],
+            "rdma-demo: -i is now -n (--iterations), as in perftest; -i is the IB port (--ib-port)",
+        ),
+    ] {
+        let out = rdma_demo(args);
+        assert_eq!(one_error_line(&out, 2), line, "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    // What follows is the new meaning: a size, an IB port (refused by clap when out of range).
+    let out = rdma_demo(&["pingpong", "--server", "-s", "4"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("'--size <BYTES>'"),
+        "{:?}",
+        stderr_lines(&out)
+    );
 }

@@ -225,7 +225,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// A spawned rdma-demo, killed (and reaped) when dropped, also when a test fails: a demo left
-/// behind (some run `-i 1000000`) would run on through the tests after it.
+/// behind (some run `-n 1000000`) would run on through the tests after it.
 struct Running(Option<Child>);
 
 impl Running {
@@ -416,7 +416,7 @@ fn check_results_block(stdout: &str, sent: u64) {
 }
 
 fn check_pingpong(mode: &str) {
-    let (stdout, v) = loopback_json("pingpong", &["-i", "200", "-S", "64", "--mode", mode]);
+    let (stdout, v) = loopback_json("pingpong", &["-n", "200", "-s", "64", "--mode", mode]);
     check_results_block(&stdout, 200);
     assert!(
         stdout.contains("rxe0 port 1: using GID index 1 (RoCE v2, ::ffff:10.9.0.1)"),
@@ -468,12 +468,12 @@ fn pingpong_event_rxe0_rxe1() {
 #[test]
 fn pingpong_two_processes_over_10_9() {
     let server = spawn(&[
-        "pingpong", "-s", "-d", "rxe1", "-e", "-i", "300", "-S", "128", "--bind", "10.9.0.2", "-p",
-        "18610",
+        "pingpong", "--server", "-d", "rxe1", "-e", "-n", "300", "-s", "128", "--bind", "10.9.0.2",
+        "-p", "18610",
     ]);
     wait_listening(18610);
     let client = spawn(&[
-        "pingpong", "-d", "rxe0", "-i", "300", "-S", "128", "-p", "18610", "10.9.0.2",
+        "pingpong", "-d", "rxe0", "-n", "300", "-s", "128", "-p", "18610", "10.9.0.2",
     ]);
     let (c, _) = wait_within(client, Duration::from_secs(60), "client");
     let (s, _) = wait_within(server, Duration::from_secs(60), "server");
@@ -489,7 +489,7 @@ fn pingpong_two_processes_over_10_9() {
 }
 
 fn check_write_read(mode: &str) {
-    let (stdout, v) = loopback_json("write-read", &["-i", "50", "-S", "1000", "--mode", mode]);
+    let (stdout, v) = loopback_json("write-read", &["-n", "50", "-s", "1000", "--mode", mode]);
     assert!(
         stdout.contains("read from the server: 07 26 45 64"),
         "{stdout}"
@@ -517,7 +517,7 @@ fn write_read_event_rxe0_rxe1() {
 
 #[test]
 fn write_pingpong_rxe0_rxe1_like_ib_write_lat() {
-    let (stdout, v) = loopback_json("write-pingpong", &["-i", "200", "-S", "4096"]);
+    let (stdout, v) = loopback_json("write-pingpong", &["-n", "200", "-s", "4096"]);
     assert!(
         stdout.contains("one-way latency = round trip / 2 (as ib_write_lat)"),
         "{stdout}"
@@ -549,13 +549,13 @@ fn one_sided_servers_do_not_spin_in_poll_mode() {
     for (demo, port, iterations) in [("write-read", 18620, "1500"), ("atomic", 18621, "1500")] {
         let p = port.to_string();
         let server = spawn(&[
-            demo, "-s", "-d", "rxe1", "-i", iterations, "--bind", "10.9.0.2", "-p", &p,
+            demo, "--server", "-d", "rxe1", "-n", iterations, "--bind", "10.9.0.2", "-p", &p,
         ]);
         wait_listening(port);
         let pid = server.id();
         let before = cpu_ticks(pid).expect("server's /proc stat");
         let start = Instant::now();
-        let mut client = spawn(&[demo, "-d", "rxe0", "-i", iterations, "-p", &p, "10.9.0.2"]);
+        let mut client = spawn(&[demo, "-d", "rxe0", "-n", iterations, "-p", &p, "10.9.0.2"]);
         // The server's last reading before it exits (it ends right after the client).
         let mut last = before;
         while client.try_wait().expect("try_wait").is_none() {
@@ -606,7 +606,7 @@ fn unknown_device_in_a_demo() {
 
 #[test]
 fn gid_index_out_of_range_or_empty() {
-    let with_gid = |g| rdma_demo(&["pingpong", "-d", "rxe0", "-g", g, "127.0.0.1", "-p", "1"]);
+    let with_gid = |g| rdma_demo(&["pingpong", "-d", "rxe0", "-x", g, "127.0.0.1", "-p", "1"]);
     let out = with_gid("999");
     assert!(failed_with(&out, 4).contains("GID index 999 is out of range"));
     let out = with_gid("200");
@@ -643,7 +643,7 @@ fn connect_refused_and_accept_timeout() {
     assert!(failed_with(&out, 5).contains("Connection refused"));
     let (out, took) = time_after_setup(&[
         "pingpong",
-        "-s",
+        "--server",
         "-d",
         "rxe0",
         "-p",
@@ -669,7 +669,16 @@ fn connect_retrying(port: u16) -> std::net::TcpStream {
 /// The server gets `bytes` from a raw TCP client, then the client closes.
 fn server_fed(port: u16, bytes: &[u8], keep_open: bool) -> (Output, Duration) {
     let p = port.to_string();
-    let server = spawn(&["pingpong", "-s", "-d", "rxe1", "-p", &p, "--timeout", "2"]);
+    let server = spawn(&[
+        "pingpong",
+        "--server",
+        "-d",
+        "rxe1",
+        "-p",
+        &p,
+        "--timeout",
+        "2",
+    ]);
     let mut s = connect_retrying(port);
     s.write_all(bytes).unwrap();
     if !keep_open {
@@ -719,7 +728,7 @@ fn bad_exchange_messages() {
 fn a_slow_drip_peer_is_cut_off_at_the_deadline_of_the_whole_message() {
     let server = spawn(&[
         "pingpong",
-        "-s",
+        "--server",
         "-d",
         "rxe1",
         "-p",
@@ -748,7 +757,7 @@ fn a_slow_drip_peer_is_cut_off_at_the_deadline_of_the_whole_message() {
 #[test]
 fn mtu_mismatch_fails_both_sides() {
     let server = spawn(&[
-        "pingpong", "-s", "-d", "rxe1", "-p", "18618", "--mtu", "512", "-i", "10",
+        "pingpong", "--server", "-d", "rxe1", "-p", "18618", "--mtu", "512", "-n", "10",
     ]);
     wait_listening(18618);
     let out = rdma_demo(&[
@@ -757,7 +766,7 @@ fn mtu_mismatch_fails_both_sides() {
         "rxe0",
         "-p",
         "18618",
-        "-i",
+        "-n",
         "10",
         "127.0.0.1",
     ]);
@@ -769,26 +778,26 @@ fn mtu_mismatch_fails_both_sides() {
 #[test]
 fn different_runs_on_the_two_sides_are_refused() {
     for (demo, port, extra) in [
-        ("pingpong", "18620", &["-S", "64"][..]),
-        ("write-read", "18621", &["-S", "64"][..]),
+        ("pingpong", "18620", &["-s", "64"][..]),
+        ("write-read", "18621", &["-s", "64"][..]),
         ("atomic", "18622", &[][..]),
     ] {
-        let mut server_args = vec![demo, "-s", "-d", "rxe1", "-p", port, "-i", "10"];
+        let mut server_args = vec![demo, "--server", "-d", "rxe1", "-p", port, "-n", "10"];
         server_args.extend(extra);
         let server = spawn(&server_args);
-        let mut client_args = vec![demo, "-d", "rxe0", "-p", port, "-i", "20"];
+        let mut client_args = vec![demo, "-d", "rxe0", "-p", port, "-n", "20"];
         client_args.extend(extra);
         client_args.push("127.0.0.1");
         let out = rdma_demo(&client_args);
         assert_eq!(out.status.code(), Some(6), "{demo} client");
         let line = one_error_line(&out);
         assert!(
-            line.contains("we run -i 20") && line.contains("use the same on both sides"),
+            line.contains("we run -n 20") && line.contains("use the same on both sides"),
             "{line}"
         );
         let (s, _) = wait_within(server, Duration::from_secs(15), "server");
         assert_eq!(s.status.code(), Some(6), "{demo} server");
-        assert!(one_error_line(&s).contains("we run -i 10"), "{demo} server");
+        assert!(one_error_line(&s).contains("we run -n 10"), "{demo} server");
     }
 }
 
@@ -799,12 +808,12 @@ fn peer_dies_mid_run(mode: &str, port: &str) {
     // The client first: it retries connecting, so the server (whose short --timeout also
     // bounds its accept) connects at once however slowly the guest starts processes.
     // The run both sides agree on.
-    let both = ["--mode", mode, "-p", port, "-i", "1000000", "-S", "64"];
+    let both = ["--mode", mode, "-p", port, "-n", "1000000", "-s", "64"];
     let mut client = spawn(&[&["pingpong", "-d", "rxe0"], &both[..], &["127.0.0.1"]].concat());
     wait_device_open(&mut client);
     let mut server = spawn(
         &[
-            &["pingpong", "-s", "-d", "rxe1"],
+            &["pingpong", "--server", "-d", "rxe1"],
             &both[..],
             &["--timeout", "2"],
         ]
@@ -841,9 +850,9 @@ fn peer_dies_mid_run_in_poll_mode() {
 /// A short loopback run of `demo` with `--inject-fault FAULT`.
 fn with_fault(demo: &str, fault: &str) -> Output {
     let run = [
-        "-i",
+        "-n",
         "5",
-        "-S",
+        "-s",
         "64",
         "--timeout",
         "2",
@@ -919,7 +928,7 @@ fn port_not_active() {
 fn check_atomic(mode: &str, clients: &str) {
     let (stdout, v) = loopback_json(
         "atomic",
-        &["-i", "20", "--clients", clients, "--mode", mode],
+        &["-n", "20", "--clients", clients, "--mode", mode],
     );
     let n: u64 = clients.parse().unwrap();
     let expected = n * (n + 1) / 2 * 20;
@@ -966,12 +975,12 @@ fn atomic_two_clients_event_no_overlap() {
     check_atomic("event", "2");
 }
 
-/// `--repeat OP`: one atomic on one word, `-i` times per client, as ib_atomic_lat measures.
+/// `--repeat OP`: one atomic on one word, `-n` times per client, as ib_atomic_lat measures.
 /// Two clients share the word, so a CAS can lose to the other client and is retried.
 fn check_atomic_repeat(op: &str, mode: &str) {
     let (stdout, v) = loopback_json(
         "atomic",
-        &["-i", "30", "--clients", "2", "--repeat", op, "--mode", mode],
+        &["-n", "30", "--clients", "2", "--repeat", op, "--mode", mode],
     );
     // Clients 1 and 2 each add their id 30 times.
     assert!(

@@ -1,6 +1,6 @@
 //! Error kinds that decide the exit code.
 
-/// The kernel or the privileges lack something a probe needs (exit code 3).
+/// The kernel or the privileges lack something a probe needs, or no RDMA device (exit code 3).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Unsupported(pub String);
@@ -11,7 +11,7 @@ pub struct Unsupported(pub String);
 #[error("{0}")]
 pub struct Usage(pub String);
 
-/// The bundled rdma-demo that `run` or `verify` spawned failed (exit code 5); the message
+/// The bundled rdma-demo that `run` or `verify` spawned failed (exit code 11); the message
 /// carries the demo's own status and what it said.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -32,14 +32,11 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Exit codes, documented in `--help`.
+/// Exit codes, documented in `--help`: rdma-demo's table (`rdma_demo::error::exit`), which
+/// holds both binaries' codes so that no code means two things.
 pub mod exit {
-    pub const OK: u8 = 0;
-    pub const FAILURE: u8 = 1;
-    pub const USAGE: u8 = 2;
-    pub const UNSUPPORTED: u8 = 3;
-    /// `verify`: the data phase touched a socket.
-    pub const SOCKET_IN_DATA_PHASE: u8 = 4;
-    /// `run`, `verify`: the bundled rdma-demo failed (its own status is in the message).
-    pub const DEMO_FAILED: u8 = 5;
+    pub use rdma_demo::error::exit::{DEMO_FAILED, FAILURE, OK, SOCKET_IN_DATA_PHASE, USAGE};
+    /// The kernel or the privileges lack what a probe needs, or there is no RDMA device: the
+    /// code rdma-demo gives for a missing device ("this machine lacks what is needed").
+    pub const UNSUPPORTED: u8 = rdma_demo::error::exit::NO_DEVICE;
 }

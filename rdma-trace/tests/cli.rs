@@ -76,8 +76,12 @@ fn pid_with_a_command_and_demo_options_with_a_workload_are_usage_errors() {
         &["run", "--pid", "1", "--all"],
         &["run", "--all", "--", "true"],
         &["run", "--mode", "poll", "--", "true"],
-        &["run", "-i", "10", "--pid", "1"],
+        &["run", "-n", "10", "--pid", "1"],
         &["run", "-d", "rxe0", "--all"],
+        &["run", "-c", "true", "--pid", "1"],
+        &["run", "-c", "true", "--", "true"],
+        &["run", "-p", "1", "--all"],
+        &["funclat", "f", "-c", "true", "--", "true"],
         &["run", "--timeline-sample", "5", "--", "true"],
     ] {
         let (code, err) = fails_early(args);
@@ -108,4 +112,80 @@ fn an_unwritable_timeline_is_refused_before_tracing() {
         one_line(&err).contains("--timeline /no/such/dir/trace.json: cannot write there"),
         "{err}"
     );
+}
+
+/// The flags follow bpftrace/BCC (and perftest for the demo's); an old spelling ends the run
+/// with one line that names the new flag, exit 2, before anything is attached.
+#[test]
+fn old_flag_spellings_are_refused_in_one_line() {
+    for (args, says) in [
+        (
+            &["run", "-i", "100"][..],
+            "-i is now -n (--iterations), as in perftest",
+        ),
+        (
+            &["run", "--no-tui", "-S", "64"],
+            "-S is now -s (--size), as in perftest",
+        ),
+        (
+            &["verify", "-i", "5"],
+            "-i is now -n (--iterations), as in perftest",
+        ),
+        (
+            &["softirqs", "-d", "5"],
+            "-d is now --duration (-d names a device)",
+        ),
+        (
+            &["funclat", "-d", "5", "rxe_rcv"],
+            "-d is now --duration (-d names a device)",
+        ),
+        (
+            &["irq", "-p", "virtio*"],
+            "-p is now -m (--match); -p names a PID",
+        ),
+        (&["cq", "--json"], "--json now takes a path"),
+        (&["probes", "--json"], "--json now takes a path"),
+        (
+            &["run", "--demo", "/bin/true"],
+            "--demo is now --demo-binary",
+        ),
+    ] {
+        let (code, err) = fails_early(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        let line = one_line(&err);
+        assert!(
+            line.starts_with(&format!("rdma-trace: {says}")),
+            "{args:?}: {line}"
+        );
+    }
+}
+
+/// `-c "CMD ARGS"` is `-- CMD ARGS`: the same errors, one line each.
+#[test]
+fn a_command_line_given_with_c_is_split_into_words() {
+    let (code, err) = fails_early(&["run", "--no-tui", "-c", "no-such-command-xyz -v 'a b'"]);
+    assert_eq!(code, 1);
+    assert!(
+        one_line(&err).contains("\"no-such-command-xyz\" not found on PATH"),
+        "{err}"
+    );
+    let (code, err) = fails_early(&["run", "-c", "sh -c 'unclosed"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("an unclosed quote"), "{err}");
+}
+
+#[test]
+fn help_holds_the_exit_codes_of_both_binaries() {
+    let out = rdma_trace(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "Exit codes (one table for rdma-demo and rdma-trace",
+        "  3    this machine lacks what is needed",
+        "  10   rdma-trace verify: the demo's data phase used a socket",
+        "  11   rdma-trace run/verify: the rdma-demo it ran failed",
+        "passes its status",
+    ] {
+        assert!(help.contains(line), "{line:?} not in:\n{help}");
+    }
 }

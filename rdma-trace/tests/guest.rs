@@ -307,7 +307,7 @@ fn run_both_modes_between_rxe0_and_rxe1() {
 fn run_cleans_up_after_sigterm() {
     let mut child = KillOnDrop::spawn(
         Command::new(RDMA_TRACE)
-            .args(["run", "--mode", "event", "--no-tui", "-i", "1000000"])
+            .args(["run", "--mode", "event", "--no-tui", "-n", "1000000"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
     );
@@ -395,7 +395,7 @@ fn assert_named(named: &[String], all: &[&str], any: &[&str], context: &str) {
 fn verify_passes(demo: &str, iters: &str) {
     for mode in ["poll", "event"] {
         let (code, text, report) = verify(
-            &["--demo", demo, "--mode", mode, "-i", iters],
+            &["--demo", demo, "--mode", mode, "-n", iters],
             &format!("verify-{demo}-{mode}"),
         );
         assert_eq!(code, Some(0), "{demo} {mode}:\n{text}");
@@ -446,10 +446,10 @@ fn verify_atomic_data_phase_uses_no_socket() {
 #[test]
 fn verify_fails_and_names_the_calls_when_the_data_phase_sends_over_tcp() {
     let (code, text, report) = verify(
-        &["-i", "20", "--", "--inject-fault", "tcp-in-data"],
+        &["-n", "20", "--", "--inject-fault", "tcp-in-data"],
         "verify-tcp-in-data",
     );
-    assert_eq!(code, Some(4), "{text}");
+    assert_eq!(code, Some(10), "{text}");
     let data = &report["phases"][1];
     // std's TcpStream::write is send(2), i.e. sendto on x86_64.
     assert_named(
@@ -471,10 +471,10 @@ fn verify_fails_and_names_the_calls_when_the_data_phase_sends_over_tcp() {
 
 #[test]
 fn verify_reports_a_failing_demo_as_such() {
-    // rdma-demo exits 3 for an unknown device; verify reports that (exit 5, no verdict), with
+    // rdma-demo exits 3 for an unknown device; verify reports that (exit 11, no verdict), with
     // the demo's status and message.
     let (code, text, report) = verify(&["-d", "rxe9"], "verify-rxe9");
-    assert_eq!(code, Some(5), "{text}");
+    assert_eq!(code, Some(11), "{text}");
     assert!(
         text.contains("failed with status 3 (no or unknown RDMA device)"),
         "{text}"
@@ -625,8 +625,8 @@ fn cq_during_pingpong(args: &[&str], demo: &[&str]) -> (Output, String) {
 #[test]
 fn cq_logs_calls_with_callers_while_a_demo_runs() {
     let (out, stderr) = cq_during_pingpong(
-        &["--duration", "25", "--json"],
-        &["--mode", "event", "-i", "100"],
+        &["--duration", "25", "--json", "-"],
+        &["--mode", "event", "-n", "100"],
     );
     assert!(out.status.success(), "rdma-trace cq failed: {stderr}");
     let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
@@ -665,7 +665,7 @@ fn cq_logs_calls_with_callers_while_a_demo_runs() {
 
 #[test]
 fn cq_text_lines_look_like_ftrace() {
-    let (out, _) = cq_during_pingpong(&["--duration", "20"], &["-i", "20"]);
+    let (out, _) = cq_during_pingpong(&["--duration", "20"], &["-n", "20"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     // `comm-tid [cpu] secs: function <-caller`

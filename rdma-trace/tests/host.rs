@@ -166,6 +166,47 @@ fn softirqs_counts_net_rx_under_loopback_traffic() {
     assert_eq!(report["window"]["ended_by"], "duration");
 }
 
+/// `softirqs INTERVAL COUNT`, as BCC's: COUNT blocks, each of its own interval only; the JSON
+/// covers the whole window.
+#[test]
+fn softirqs_prints_count_intervals_of_the_last_interval_each() {
+    let traffic = loopback_traffic(Duration::from_secs(3));
+    let (out, report) = rdma_trace_json(&["softirqs", "0.5", "3"], "softirqs-intervals.json");
+    traffic.join().expect("traffic thread");
+    assert_success(&out, "rdma-trace softirqs 0.5 3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let blocks: Vec<&str> = stdout
+        .split("softirq durations over the last ")
+        .skip(1)
+        .collect();
+    assert_eq!(blocks.len(), 3, "{stdout}");
+    assert!(blocks.iter().all(|b| b.contains("NET_RX")), "{stdout}");
+    assert!(
+        !stdout.contains("softirq durations over 1"),
+        "no whole-window block: {stdout}"
+    );
+    let report = report.expect("JSON report");
+    assert_eq!(report["window"]["ended_by"], "count");
+    assert!(
+        report["window"]["seconds"].as_f64().unwrap() >= 1.4,
+        "{report}"
+    );
+}
+
+/// `probes --json PATH` writes the listing there and prints the table; `--json -` prints only
+/// the JSON.
+#[test]
+fn probes_json_takes_a_path_or_stdout() {
+    let (out, report) = rdma_trace_json(&["probes"], "probes.json");
+    assert_success(&out, "rdma-trace probes --json PATH");
+    assert!(report.expect("JSON report")["rows"].is_array());
+    assert!(!out.stdout.is_empty(), "the table is printed too");
+    let out = rdma_trace(&["probes", "--json", "-"]);
+    assert_success(&out, "rdma-trace probes --json -");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("only JSON on stdout");
+    assert!(v["rows"].is_array());
+}
+
 #[test]
 fn funclat_on_unknown_function_is_one_line_and_exit_3() {
     // No kprobes on this kernel, or no such function: both are "unsupported here" (3).
@@ -211,7 +252,7 @@ fn bad_durations_are_usage_errors() {
 #[test]
 fn run_says_why_without_rdma_and_reports_with_it() {
     let has_rdma = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
-    let out = rdma_trace(&["run", "--no-tui", "-i", "10"]);
+    let out = rdma_trace(&["run", "--no-tui", "-n", "10"]);
     if has_rdma {
         eprintln!("this machine has RDMA devices: checking that `run` works instead");
         assert_eq!(
@@ -245,7 +286,7 @@ fn run_without_privileges_asks_for_root() {
             "--inh-caps=-all",
         ])
         .arg(env!("CARGO_BIN_EXE_rdma-trace"))
-        .args(["run", "--no-tui", "-i", "10"])
+        .args(["run", "--no-tui", "-n", "10"])
         .output()
         .expect("run setpriv");
     let stderr = one_line_failure(&out, 3);

@@ -2,7 +2,7 @@
 //! guest kernels' own modules.
 //!
 //! One boot per kernel loads every driver module the image carries (no device needed), runs
-//! `rdma-trace probes --all-drivers --json` (the table's functions) and dumps kallsyms,
+//! `rdma-trace probes --all-drivers --json -` (the table's functions) and dumps kallsyms,
 //! /proc/modules, the kprobe blacklist, available_filter_functions, the tracepoints, the kprobe
 //! PMU type and the config into `<target>/vm-results/fixtures-<kernel>/`. The host then writes
 //! `rdma-trace/tests/fixtures/<driver>-<kernel>/`: the real files, cut to the table's functions
@@ -73,7 +73,7 @@ for l in /lib/modules/drivers/*.list; do
         [ -d "/sys/module/$m" ] || insmod "/lib/modules/$m.ko"
     done <"$l"
 done
-rdma-trace probes --all-drivers --json >"$OUT/probes.json"
+rdma-trace probes --all-drivers --json - >"$OUT/probes.json"
 cat /proc/kallsyms >"$OUT/kallsyms"
 cat /proc/modules >"$OUT/modules"
 cat /sys/kernel/debug/kprobes/blacklist >"$OUT/kprobe_blacklist"

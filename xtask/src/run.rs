@@ -1,5 +1,6 @@
 //! `cargo xtask run [--kernel K] [--debug] [-- ARGS]`: the main job. Builds everything (the
-//! eBPF object, then the workspace; release profile unless `--debug`), then runs `rdma-trace run --mode event ARGS`:
+//! eBPF object, then the workspace; release profile unless `--debug`), then runs `rdma-trace run
+//! --mode event ARGS` (`--mode event` only when ARGS give no mode and no workload of their own):
 //! - natively where this machine has an RDMA device (the live view is on this terminal);
 //! - otherwise in the Soft-RoCE guest (`cargo xtask vm`). On a terminal, the guest's serial
 //!   console is connected to it (keys in, screen bytes out, the window's size and TERM passed
@@ -21,8 +22,11 @@ use crate::{
     after_help = "Exit status: rdma-trace's (see `rdma-trace run --help`), or the \
                         guest's codes of `cargo xtask vm --help` (124 timeout, 125 no status, \
                         126 no boot).\n\nExamples:\n  cargo xtask run\n  \
-                        cargo xtask run -- --mode both -i 2000\n  \
-                        cargo xtask run --guest --kernel 6.12 -- --interval 0.5"
+                        cargo xtask run -- --mode both -n 2000\n  \
+                        cargo xtask run --guest --kernel 6.12 -- --interval 0.5\n  \
+                        cargo xtask run -- --all --duration 10\n  \
+                        cargo xtask run -- -- rdma-demo pingpong --loopback -d rxe1 \
+                        --server-device rxe0 -e"
 )]
 pub struct Args {
     /// Guest kernel, when it runs in the guest.
@@ -38,7 +42,8 @@ pub struct Args {
     /// Kill the guest after this many seconds.
     #[arg(long, default_value_t = 900, value_name = "SECS")]
     timeout: u64,
-    /// Arguments for `rdma-trace run` (after `--`); `--mode event` unless they give a mode.
+    /// Arguments for `rdma-trace run` (after `--`); `--mode event` unless they give a mode or
+    /// a workload (`-p`/`--pid`, `--all`, `-c`/`--command`, `-- CMD`).
     #[arg(
         trailing_var_arg = true,
         allow_hyphen_values = true,
@@ -60,11 +65,7 @@ pub fn run(args: &Args) -> Result<i32> {
 
     let profile = if release { "release" } else { "debug" };
     let mut cmd = vec!["rdma-trace".to_owned(), "run".to_owned()];
-    if !args
-        .args
-        .iter()
-        .any(|a| a == "--mode" || a.starts_with("--mode="))
-    {
+    if wants_default_mode(&args.args) {
         cmd.extend(["--mode".to_owned(), "event".to_owned()]);
     }
     cmd.extend(args.args.iter().cloned());
@@ -90,8 +91,14 @@ pub fn run(args: &Args) -> Result<i32> {
     // On a terminal the guest's console becomes this terminal and shows the live view;
     // otherwise (a pipe, CI) rdma-trace prints its text view.
     let interactive = vm::on_terminal();
-    if !interactive && !cmd.iter().any(|a| a == "--no-tui") {
-        cmd.push("--no-tui".to_owned());
+    // In front: what follows a `--` is the workload's command line.
+    if !interactive
+        && !cmd
+            .iter()
+            .take_while(|a| *a != "--")
+            .any(|a| a == "--no-tui")
+    {
+        cmd.insert(2, "--no-tui".to_owned());
     }
     pass_terminal_size();
     vm::run_in_guest(&GuestRun {
@@ -101,6 +108,26 @@ pub fn run(args: &Args) -> Result<i32> {
         profile: profile.into(),
         interactive,
         ..GuestRun::default()
+    })
+}
+
+/// Whether `rdma-trace run ARGS` runs the demo with no mode given, so that `--mode event` goes
+/// in front: not when ARGS give a mode, nor a workload, which takes no mode (`-p`/`--pid`,
+/// `--all`, `-c`/`--command`, `-- CMD`).
+fn wants_default_mode(args: &[String]) -> bool {
+    let short = |a: &str, c: char| {
+        a.strip_prefix('-')
+            .is_some_and(|r| !r.starts_with('-') && r.starts_with(c))
+    };
+    let long = |a: &str, l: &str| a == l || a.strip_prefix(l).is_some_and(|r| r.starts_with('='));
+    !args.iter().any(|a| {
+        a == "--"
+            || a == "--all"
+            || long(a, "--mode")
+            || long(a, "--pid")
+            || long(a, "--command")
+            || short(a, 'p')
+            || short(a, 'c')
     })
 }
 
@@ -131,6 +158,54 @@ fn pass_terminal_size() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_mode_only_for_the_demo_without_a_mode() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: Args,
+        }
+        // What `cargo xtask run ARGS` hands to `rdma-trace run` after its own flags.
+        let after = |line: &[&str]| {
+            Cli::try_parse_from([&["xtask"][..], line].concat())
+                .unwrap()
+                .run
+                .args
+        };
+        for (line, default) in [
+            (&[][..], true),
+            (&["--", "-n", "2000"], true),
+            (&["--", "--interval", "0.5", "--no-tui"], true),
+            (&["--", "--mode", "both"], false),
+            (&["--", "--mode=poll"], false),
+            (&["--", "--all"], false),
+            (&["--", "--pid", "42"], false),
+            (&["--", "-p", "42"], false),
+            (&["--", "-p42"], false),
+            (&["--", "-c", "ib_send_lat -e"], false),
+            (&["--", "--command=sleep 1"], false),
+            (&["--", "--", "sleep", "1"], false),
+            (
+                &[
+                    "--kernel",
+                    "6.12",
+                    "--",
+                    "--duration",
+                    "5",
+                    "--",
+                    "sleep",
+                    "1",
+                ],
+                false,
+            ),
+        ] {
+            let args = after(line);
+            assert_eq!(wants_default_mode(&args), default, "{line:?} → {args:?}");
+        }
+        assert_eq!(after(&["--", "--", "sleep", "1"]), ["--", "sleep", "1"]);
+    }
 
     #[test]
     fn rdma_detection() {

@@ -316,7 +316,7 @@ fn live_view_in_tmux() -> Result<Vec<String>> {
     // replaced) by the workspace build since it started.
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let script = format!(
-        "cd {} && {} xtask run -- -i 1000000; echo $? > {}; sleep 120",
+        "cd {} && {} xtask run -- -n 1000000; echo $? > {}; sleep 120",
         vm::shell_quote(&root().to_string_lossy()),
         vm::shell_quote(&cargo),
         vm::shell_quote(&exit_file.to_string_lossy())

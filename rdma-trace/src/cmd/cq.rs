@@ -4,7 +4,7 @@
 //! the lines of an ftrace function log (`comm-pid [cpu] secs: function <-caller`), or NDJSON.
 //! Events come through a ring buffer (kprobes `cq_N`, `rdma-trace-ebpf/src/cq.rs`).
 
-use std::{collections::HashMap, io::Write as _, time::Duration};
+use std::{collections::HashMap, io::Write as _, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::maps::{Array, MapData, RingBuf, StackTraceMap};
@@ -25,14 +25,15 @@ use crate::{
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Log for this many seconds (default: until Ctrl-C).
-    #[arg(short, long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
+    #[arg(long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
     pub duration: Option<Duration>,
     /// Only calls made in this process (its tgid).
     #[arg(short, long, value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: Option<u32>,
-    /// Newline-delimited JSON events on stdout instead of text lines.
-    #[arg(long)]
-    pub json: bool,
+    /// Also write the calls as newline-delimited JSON to this file (`-`: to stdout, instead
+    /// of the text lines).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
 }
 
 /// One logged call.
@@ -106,7 +107,32 @@ fn comm(bytes: &[u8; 16]) -> String {
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
+/// `--json -`: the JSON lines go to stdout, instead of the text lines.
+fn json_on_stdout(args: &Args) -> bool {
+    args.json.as_deref() == Some(std::path::Path::new("-"))
+}
+
+/// The file of `--json PATH`, created (or emptied) now; a symlink there is refused, not
+/// followed.
+fn json_file(args: &Args) -> Result<Option<std::io::BufWriter<std::fs::File>>> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let Some(path) = args.json.as_deref().filter(|_| !json_on_stdout(args)) else {
+        return Ok(None);
+    };
+    crate::output::check_writable(path)?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(Some(std::io::BufWriter::new(file)))
+}
+
 pub async fn run(args: &Args) -> Result<()> {
+    let mut json = json_file(args)?;
     let kernel = Kernel::live();
     let symbols = kernel.functions(&CQ_FUNCTIONS);
     let present: Vec<(usize, &str)> = CQ_FUNCTIONS
@@ -216,16 +242,23 @@ pub async fn run(args: &Args) -> Result<()> {
                 function,
                 caller,
             };
-            let text = if args.json {
+            let text = if json_on_stdout(args) {
                 serde_json::to_string(&line).context("serializing an event")?
             } else {
                 line.text()
             };
+            if let Some(f) = &mut json {
+                let l = serde_json::to_string(&line).context("serializing an event")?;
+                writeln!(f, "{l}").context("writing the --json file")?;
+            }
             if writeln!(out, "{text}").is_err() {
                 return Ok(()); // stdout closed (| head): stop quietly
             }
         }
         let _ = out.flush();
+        if let Some(f) = &mut json {
+            f.flush().context("writing the --json file")?;
+        }
         if done {
             break;
         }

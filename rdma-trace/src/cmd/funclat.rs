@@ -25,11 +25,16 @@ pub struct Args {
     #[arg(required = true, value_name = "FUNCTION")]
     pub functions: Vec<String>,
     /// Collect for this many seconds (with a command: at most this long).
-    #[arg(short, long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
+    #[arg(long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
     pub duration: Option<Duration>,
     /// Also write the report as JSON to this file (`-`: stdout).
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Command line to run while tracing, like `-- COMMAND` (split as a shell splits words,
+    /// without expansions); collection ends when it exits.
+    #[arg(short = 'c', long = "command", value_name = "\"CMD ARGS\"", conflicts_with = "command",
+          value_parser = crate::cmd::CommandLine::parse)]
+    pub command_line: Option<crate::cmd::CommandLine>,
     /// Command to run while tracing; collection ends when it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -81,7 +86,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         ))));
     }
     eprintln!("rdma-trace: timing {}", args.functions.join(", "));
-    let mut child = match args.command.split_first() {
+    let command = args.command_line.as_ref().map_or(&args.command, |c| &c.0);
+    let mut child = match command.split_first() {
         Some((prog, rest)) => {
             let mut cmd = tokio::process::Command::new(prog);
             cmd.args(rest).kill_on_drop(true);

@@ -45,13 +45,24 @@ pub fn default_patterns() -> Vec<String> {
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// Refresh every INTERVAL seconds (BCC's positional interval): the same as --interval.
+    #[arg(value_name = "INTERVAL", conflicts_with = "interval", value_parser = crate::cmd::parse_seconds)]
+    pub every: Option<Duration>,
+    /// Stop after COUNT intervals: the same as --duration INTERVAL×COUNT.
+    #[arg(value_name = "COUNT", requires = "every", conflicts_with = "duration", value_parser = clap::value_parser!(u32).range(1..))]
+    pub count: Option<u32>,
     /// Collect for this many seconds (default: until q or Ctrl-C).
-    #[arg(short, long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
+    #[arg(long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
     pub duration: Option<Duration>,
     /// IRQ names to trace, as in /proc/interrupts; `*` matches any text; repeat or separate
     /// with commas [default: the completion vectors of mlx5, irdma, bnxt_re and MANA, mlx5_async*,
     /// virtio*-input*, virtio*-output*, eth*, ens*, enp*].
-    #[arg(short, long = "match", value_name = "PATTERN", value_delimiter = ',')]
+    #[arg(
+        short = 'm',
+        long = "match",
+        value_name = "PATTERN",
+        value_delimiter = ','
+    )]
     pub patterns: Vec<String>,
     /// Also write the report as JSON to this file (`-`: stdout).
     #[arg(long, value_name = "PATH")]
@@ -62,6 +73,13 @@ pub struct Args {
     /// Refresh interval of the live view [default: 0.25 s on the screen, 1 s as text].
     #[arg(long, value_name = "SECS", value_parser = crate::cmd::parse_seconds)]
     pub interval: Option<Duration>,
+}
+
+impl Args {
+    /// `--duration`, or INTERVAL × COUNT.
+    fn duration(&self) -> Option<Duration> {
+        self.duration.or_else(|| Some(self.every? * self.count?))
+    }
 }
 
 #[derive(Serialize)]
@@ -165,7 +183,7 @@ pub async fn run(args: &Args) -> Result<()> {
     let session = Session::start(&kernel, &defs, Options::default())?;
     eprintln!(
         "rdma-trace: timing IRQ handlers{}; probes:\n{}",
-        args.duration
+        args.duration()
             .map(|d| format!(" for {} s", d.as_secs_f64()))
             .unwrap_or_default(),
         session.attach_table()
@@ -174,14 +192,14 @@ pub async fn run(args: &Args) -> Result<()> {
     let mut live = Live::new(
         "rdma-trace irq",
         !args.no_tui,
-        args.interval,
+        args.every.or(args.interval),
         json_on_stdout,
     );
     let mut src = IrqSource {
         session: &session,
         base: Baseline::new(&session, None)?,
     };
-    let window = live.watch(&mut src, args.duration, None).await?;
+    let window = live.watch(&mut src, args.duration(), None).await?;
     live.close();
     let after = session.snapshot()?;
     let per_cpu = session.events_per_cpu()?;

@@ -19,3 +19,21 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
         _ => Err(format!("`{s}` is not a positive number of seconds")),
     }
 }
+
+/// The words of `-c "CMD ARGS"`: the line split as a shell would split it (quotes and
+/// backslashes), with no expansion (`$VAR`, `*`, `~` stay as they are; run `sh -c '...'` for
+/// those). The same as `-- CMD ARGS`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommandLine(pub Vec<String>);
+
+impl CommandLine {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match shlex::split(s) {
+            Some(words) if !words.is_empty() => Ok(Self(words)),
+            Some(_) => Err("an empty command".to_owned()),
+            None => Err(format!(
+                "cannot split `{s}` into words: an unclosed quote or a trailing backslash"
+            )),
+        }
+    }
+}

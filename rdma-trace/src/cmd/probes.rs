@@ -22,9 +22,10 @@ pub struct Args {
     /// Keep the rows of drivers without a device here (their functions must still exist).
     #[arg(long)]
     pub all_drivers: bool,
-    /// Print JSON (one object: kernel, devices, rows) instead of a table.
-    #[arg(long)]
-    pub json: bool,
+    /// Also write the listing as JSON (one object: kernel, devices, rows) to this file (`-`:
+    /// to stdout, instead of the table).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<std::path::PathBuf>,
     /// Attach every planned row for real (root; one driver path at a time) and report the
     /// outcome. Exits 1 when a planned row fails to attach.
     #[arg(long)]
@@ -95,15 +96,20 @@ pub async fn run(args: &Args) -> Result<()> {
         all_drivers: args.all_drivers || args.driver.is_some(),
         uprobes: false,
     };
+    if let Some(path) = &args.json {
+        crate::output::check_writable(path)?;
+    }
     let facts = Facts::gather(&kernel, &defs);
     let mut listing = list(&defs, &facts, opts);
     if args.check {
         check(&defs, &facts, opts, &mut listing.rows)?;
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&listing)?);
-    } else {
+    // `--json -`: the JSON alone on stdout.
+    if args.json.as_deref() != Some(std::path::Path::new("-")) {
         print!("{}", text(&listing));
+    }
+    if let Some(path) = &args.json {
+        crate::output::write_json(path, &listing)?;
     }
     let failed: Vec<String> = listing
         .rows

@@ -12,21 +12,22 @@ use crate::{
 };
 
 #[derive(clap::Args, Debug)]
+#[command(group = clap::ArgGroup::new("workload").args(["command_line", "command", "pid", "all"]))]
 pub struct Args {
     /// Completion mode of the demo.
-    #[arg(long, value_enum, default_value = "event", conflicts_with_all = ["command", "pid", "all"])]
+    #[arg(long, value_enum, default_value = "event", conflicts_with = "workload")]
     pub mode: Mode,
-    /// Ping-pong iterations per mode.
-    #[arg(short, long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(rdma_demo::limits::MAX_ITERATIONS)), conflicts_with_all = ["command", "pid", "all"])]
+    /// Ping-pong iterations per mode (perftest's -n).
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(rdma_demo::limits::MAX_ITERATIONS)), conflicts_with = "workload")]
     pub iterations: u32,
-    /// Message size in bytes.
-    #[arg(short = 'S', long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(i64::from(rdma_demo::limits::MIN_SIZE)..=i64::from(rdma_demo::limits::MAX_SIZE)), conflicts_with_all = ["command", "pid", "all"])]
+    /// Message size in bytes (perftest's -s), rdma-demo's default too.
+    #[arg(short = 's', long, value_name = "BYTES", default_value_t = rdma_demo::limits::DEFAULT_SIZE, value_parser = clap::value_parser!(u32).range(i64::from(rdma_demo::limits::MIN_SIZE)..=i64::from(rdma_demo::limits::MAX_SIZE)), conflicts_with = "workload")]
     pub size: u32,
     /// RDMA device of the client [default: rxe1 when rxe0 and rxe1 exist, else the first device].
-    #[arg(short, long, value_name = "DEV", conflicts_with_all = ["command", "pid", "all"])]
+    #[arg(short, long, value_name = "DEV", conflicts_with = "workload")]
     pub device: Option<String>,
     /// RDMA device of the server [default: rxe0 when rxe0 and rxe1 exist, else --device].
-    #[arg(long, value_name = "DEV", conflicts_with_all = ["command", "pid", "all"])]
+    #[arg(long, value_name = "DEV", conflicts_with = "workload")]
     pub server_device: Option<String>,
     /// Stop a mode's run after this many seconds even if the demo is not done (a success: the
     /// demo is stopped and the mode reported).
@@ -54,7 +55,7 @@ pub struct Args {
     #[arg(long)]
     pub uprobes: bool,
     /// The rdma-demo binary [default: next to rdma-trace, else on PATH].
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["command", "pid", "all"])]
+    #[arg(long = "demo-binary", value_name = "PATH", conflicts_with = "workload")]
     pub demo: Option<PathBuf>,
     /// What tracing may add to a round trip, in % of it: over it, the report names the
     /// programs that cost the most (and --enforce drops them).
@@ -75,13 +76,17 @@ pub struct Args {
     #[arg(long)]
     pub no_waterfall: bool,
     /// Trace these running processes (and their children) instead of running the demo; ends
-    /// when they have all exited (status 1), at --duration or Ctrl-C.
-    #[arg(long, value_name = "PID[,PID...]", value_delimiter = ',', conflicts_with_all = ["command", "all"],
+    /// when they have all exited, at --duration or Ctrl-C (each a success: status 0).
+    #[arg(short, long, value_name = "PID[,PID...]", value_delimiter = ',',
           value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: Vec<u32>,
     /// Trace the whole system instead of running the demo, until Ctrl-C or --duration.
-    #[arg(long, conflicts_with = "command")]
+    #[arg(long)]
     pub all: bool,
+    /// Run this command line as the load instead of the demo, like `-- CMD ARGS` (split as a
+    /// shell splits words, without expansions); rdma-trace exits with its status.
+    #[arg(short = 'c', long = "command", value_name = "\"CMD ARGS\"", value_parser = crate::cmd::CommandLine::parse)]
+    pub command_line: Option<crate::cmd::CommandLine>,
     /// Write a timeline of sampled completions (Chrome trace-event JSON): open it in
     /// https://ui.perfetto.dev.
     #[arg(long, value_name = "PATH")]
@@ -95,7 +100,7 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(10..=10_000_000))]
     pub timeline_max_events: u32,
     /// Run this command and its children as the load instead of the demo; rdma-trace exits
-    /// with its status.
+    /// with its status (128+N when signal N killed it).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
@@ -103,7 +108,9 @@ pub struct Args {
 impl Args {
     /// The typed configuration of this command line.
     pub fn config(&self) -> RunConfig {
-        let load = if !self.command.is_empty() {
+        let load = if let Some(line) = &self.command_line {
+            Load::Workload(Target::Command(line.0.clone()))
+        } else if !self.command.is_empty() {
             Load::Workload(Target::Command(self.command.clone()))
         } else if !self.pid.is_empty() {
             Load::Workload(Target::Pids(self.pid.clone()))
@@ -139,7 +146,7 @@ impl Args {
     }
 }
 
-/// A failing demo is an error (`DemoFailed`, exit 5), a stop signal too (`Stopped`).
+/// A failing demo is an error (`DemoFailed`, exit 11), a stop signal too (`Stopped`).
 pub async fn run(args: &Args) -> Result<Option<i32>> {
     crate::run::run(&args.config()).await
 }

@@ -64,12 +64,13 @@ impl Demo {
 
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Exit codes: 0 the data phase used no socket; 4 it did (the calls are \
-                        named); 5 the demo failed (its own status and message are printed, no \
+    after_help = "Exit codes: 0 the data phase used no socket; 10 it did (the calls are \
+                        named); 11 the demo failed (its own status and message are printed, no \
                         verdict); 1 failure; 2 bad usage; 3 no RDMA device, not root, or no eBPF; \
-                        130, 143, 129 stopped by SIGINT, SIGTERM, SIGHUP.\n\n\
+                        130, 143, 129 stopped by SIGINT, SIGTERM, SIGHUP (the table of both \
+                        binaries: rdma-trace --help).\n\n\
                         Examples:\n  sudo rdma-trace verify\n  \
-                        sudo rdma-trace verify --demo write-read --mode event -S 65536\n  \
+                        sudo rdma-trace verify --demo write-read --mode event -s 65536\n  \
                         sudo rdma-trace verify --demo atomic -- --clients 4\n  \
                         sudo rdma-trace verify --json verify.json -d mlx5_0"
 )]
@@ -80,11 +81,12 @@ pub struct Args {
     /// Which demo to run (`rdma-demo <demo> --loopback`).
     #[arg(long, value_enum, default_value = "pingpong")]
     pub demo: Demo,
-    /// Iterations [default: the demo's].
-    #[arg(short, long, value_parser = clap::value_parser!(u32).range(1..=i64::from(rdma_demo::limits::MAX_ITERATIONS)))]
+    /// Iterations (perftest's -n) [default: the demo's].
+    #[arg(short = 'n', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(rdma_demo::limits::MAX_ITERATIONS)))]
     pub iterations: Option<u32>,
-    /// Message or buffer size in bytes (pingpong, write-read) [default: the demo's].
-    #[arg(short = 'S', long, value_parser = clap::value_parser!(u32).range(i64::from(rdma_demo::limits::MIN_SIZE)..=i64::from(rdma_demo::limits::MAX_SIZE)))]
+    /// Message or buffer size in bytes (pingpong, write-read; perftest's -s) [default: the
+    /// demo's].
+    #[arg(short = 's', long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(i64::from(rdma_demo::limits::MIN_SIZE)..=i64::from(rdma_demo::limits::MAX_SIZE)))]
     pub size: Option<u32>,
     /// RDMA device of the client [default: rxe1 when rxe0 and rxe1 exist, else the first].
     #[arg(short, long, value_name = "DEV")]
@@ -103,7 +105,7 @@ pub struct Args {
     pub demo_args: Vec<String>,
 }
 
-/// The data phase touched a socket (exit code 4).
+/// The data phase touched a socket (exit code 10).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct SocketInDataPhase(pub String);
@@ -283,13 +285,13 @@ fn demo_args(args: &Args, kernel: &Kernel) -> Result<Vec<String>> {
     };
     push("--mode", mode.into());
     if let Some(i) = args.iterations {
-        push("-i", i.to_string());
+        push("--iterations", i.to_string());
     }
     if let Some(s) = args.size {
         if args.demo == Demo::Atomic {
             bail!("--size does not apply to the atomic demo (its operands are 8 bytes)");
         }
-        push("-S", s.to_string());
+        push("--size", s.to_string());
     }
     v.extend(args.demo_args.iter().cloned());
     Ok(v)
@@ -673,7 +675,7 @@ mod tests {
         let v = demo_args(&args, &kernel).unwrap();
         assert_eq!(
             v.join(" "),
-            "write-read --loopback --port 0 -d rxe1 --server-device rxe0 --mode event -i 5 -S 64 --mtu 1024"
+            "write-read --loopback --port 0 -d rxe1 --server-device rxe0 --mode event --iterations 5 --size 64 --mtu 1024"
         );
         let e = demo_args(
             &Args {

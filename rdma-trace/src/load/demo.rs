@@ -48,7 +48,7 @@ pub fn binary(given: Option<&Path>) -> Result<PathBuf> {
         if p.is_file() {
             return Ok(p.to_path_buf());
         }
-        bail!("--demo {}: no such file", p.display());
+        bail!("--demo-binary {}: no such file", p.display());
     }
     let beside = std::env::current_exe()
         .ok()
@@ -61,7 +61,7 @@ pub fn binary(given: Option<&Path>) -> Result<PathBuf> {
         .flat_map(std::env::split_paths)
         .map(|d| d.join("rdma-demo"))
         .find(|p| p.is_file())
-        .context("rdma-demo not found next to rdma-trace nor on PATH: build it (cargo build) or pass --demo PATH")
+        .context("rdma-demo not found next to rdma-trace nor on PATH: build it (cargo build) or pass --demo-binary PATH")
 }
 
 /// What an rdma-demo exit status means (rdma-demo's `--help` lists them).

@@ -42,7 +42,7 @@ use crate::{
 /// `$TMPDIR/rdma-trace-XXXXXX`: where the demo writes its JSON.
 const DEMO_DIR_PREFIX: &str = "rdma-trace-";
 
-/// A failing demo is an error (`DemoFailed`, exit 5), a stop signal too (`Stopped`).
+/// A failing demo is an error (`DemoFailed`, exit 11), a stop signal too (`Stopped`).
 pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
     let timeline_file = super::timeline::open(args)?;
     check_privileges()?;
@@ -366,9 +366,9 @@ async fn run_demo(
         .args([
             "--mode",
             mode_arg,
-            "-i",
+            "--iterations",
             &args.iterations.to_string(),
-            "-S",
+            "--size",
             &args.size.to_string(),
         ])
         .arg("--json")

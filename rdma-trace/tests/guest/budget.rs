@@ -107,7 +107,7 @@ fn run_v_says_where_the_start_up_time_went() {
         "--no-waterfall",
         "--mode",
         "poll",
-        "-i",
+        "-n",
         "20",
     ]);
     out.assert_success("rdma-trace run -v");

@@ -157,7 +157,7 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
             let mut child = KillOnDrop::spawn(
                 Command::new(RDMA_TRACE)
                     .args(["run", "--mode", "event", "--no-tui", "--interval", "0.5"])
-                    .args(["-i", "1000000"])
+                    .args(["-n", "1000000"])
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped()),
             );
@@ -291,7 +291,7 @@ fn run_stopped_at_any_moment_leaves_nothing_behind() {
         !stale.is_empty(),
         "the run SIGKILLed during its live view left its private directory"
     );
-    let out = rdma_trace(&["run", "--mode", "poll", "--no-tui", "-i", "20"]);
+    let out = rdma_trace(&["run", "--mode", "poll", "--no-tui", "-n", "20"]);
     let stderr = &out.stderr;
     assert!(out.status.success(), "{stderr}");
     assert_eq!(
@@ -366,7 +366,7 @@ echo '{"fake": true}' > "$json""#,
             "--mode",
             "poll",
             "--no-tui",
-            "--demo",
+            "--demo-binary",
             fake.to_str().unwrap(),
         ],
         "private-dir",
@@ -397,8 +397,8 @@ echo '{"fake": true}' > "$json""#,
     let _ = std::fs::remove_file(&fake);
 }
 
-/// A demo that fails with its own status 4 (port/GID) is reported as a demo failure (exit 5),
-/// never read as the verdict "socket in the data phase" (exit 4).
+/// A demo that fails with its own status 4 (port/GID) is reported as a demo failure (exit 11),
+/// never read as the verdict "socket in the data phase" (exit 10).
 #[test]
 fn verify_reports_a_failing_demo_with_its_own_exit_code() {
     let fake = PathBuf::from(format!("/tmp/rdma-trace-exit4-{}.demo", std::process::id()));
@@ -406,7 +406,7 @@ fn verify_reports_a_failing_demo_with_its_own_exit_code() {
     let out = rdma_trace(&["verify", "--demo-binary", fake.to_str().unwrap()]);
     let _ = std::fs::remove_file(&fake);
     let stderr = &out.stderr;
-    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert_eq!(out.status.code(), Some(11), "{stderr}");
     assert!(
         stderr.contains("rdma-demo failed with status 4 (port or GID)"),
         "{stderr}"
@@ -424,7 +424,7 @@ fn run_refuses_a_bad_json_path_before_attaching() {
     let out = rdma_trace(&[
         "run",
         "--no-tui",
-        "-i",
+        "-n",
         "20",
         "--json",
         "/nonexistent/dir/r.json",

@@ -69,11 +69,11 @@ pub fn rdma_trace(args: &[&str]) -> Outcome {
     outcome(Command::new(RDMA_TRACE).args(args), || Value::Null)
 }
 
-/// `rdma-trace run --no-tui --mode MODE -i ITERS EXTRA` (the demo, traced) run to its end, with
+/// `rdma-trace run --no-tui --mode MODE -n ITERS EXTRA` (the demo, traced) run to its end, with
 /// its report: [`run_json`] under `name`.
 pub fn run_demo(mode: &str, iters: u64, extra: &[&str], name: &str) -> Outcome {
     let iters = iters.to_string();
-    let run = ["run", "--no-tui", "--mode", mode, "-i", &iters];
+    let run = ["run", "--no-tui", "--mode", mode, "-n", &iters];
     run_json(&[&run[..], extra].concat(), name)
 }
 

@@ -167,7 +167,7 @@ fn waterfall_of_a_pinned_demo_shows_its_cpu_for_every_on_cpu_stage() {
     let cpu = (cpus - 1).to_string();
     let run = run_json_with(
         Command::new("taskset").args(["-c", &cpu, RDMA_TRACE]),
-        &["run", "--no-tui", "--mode", "event", "-i", "200"],
+        &["run", "--no-tui", "--mode", "event", "-n", "200"],
         "waterfall-pinned",
     );
     run.assert_success("taskset rdma-trace run");
@@ -197,7 +197,7 @@ fn three_concurrent_event_mode_pairs_each_get_their_own_count() {
         &script,
         r#"set -e
 for n in 150 300 450; do
-  sh -c 'echo $$ > "$0.pid"; exec rdma-demo pingpong --loopback --port 0 -d rxe1 --server-device rxe0 --mode event -i "$1" --json "$0"' "$1/demo-$n.json" "$n" &
+  sh -c 'echo $$ > "$0.pid"; exec rdma-demo pingpong --loopback --port 0 -d rxe1 --server-device rxe0 --mode event -n "$1" --json "$0"' "$1/demo-$n.json" "$n" &
 done
 wait
 "#,
@@ -231,12 +231,12 @@ wait
             serde_json::from_slice(&std::fs::read(&base).expect("demo JSON")).expect("JSON");
         let cq_events = demo_cq_events(&demo);
         let p = find_by(procs, "pid", pid)
-            .unwrap_or_else(|| panic!("no waterfall for pid {pid} (-i {n}): {procs:?}"));
+            .unwrap_or_else(|| panic!("no waterfall for pid {pid} (-n {n}): {procs:?}"));
         check_partition(&format!("pid {pid}"), p);
         let got = u(&p["events"]) as f64;
         assert!(
             within_1pct(got, cq_events as f64),
-            "pid {pid} (-i {n}): waterfall counted {got} events, the demo took {cq_events} CQ events"
+            "pid {pid} (-n {n}): waterfall counted {got} events, the demo took {cq_events} CQ events"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);

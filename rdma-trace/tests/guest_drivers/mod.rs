@@ -65,9 +65,9 @@ impl Drop for DriverModules {
     }
 }
 
-/// Rows by name from `rdma-trace probes --all-drivers --check --json`.
+/// Rows by name from `rdma-trace probes --all-drivers --check --json -`.
 fn check_all() -> HashMap<String, Value> {
-    let out = rdma_trace(&["probes", "--all-drivers", "--check", "--json"]);
+    let out = rdma_trace(&["probes", "--all-drivers", "--check", "--json", "-"]);
     out.assert_success("probes --check");
     let stdout = &out.stdout;
     let v: Value = serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
@@ -197,7 +197,7 @@ fn driver_rows_attach_on_the_kernels_own_modules_or_name_the_kernel_fact() {
 
 #[test]
 fn probes_lists_the_drivers_rows_without_attaching_and_filters_by_driver() {
-    let out = rdma_trace(&["probes", "--driver", "irdma", "--json"]);
+    let out = rdma_trace(&["probes", "--driver", "irdma", "--json", "-"]);
     out.assert_success("rdma-trace probes --driver irdma");
     let v: Value = serde_json::from_str(&out.stdout).unwrap();
     let rows = v["rows"].as_array().unwrap();

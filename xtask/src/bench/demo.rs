@@ -39,9 +39,11 @@ struct Run {
 fn runs() -> Vec<Run> {
     let ours = |name, demo: &str, iters: u32, extra: &str| Run {
         name,
-        server: format!("rdma-demo {demo} -s -d rxe0 --bind 10.9.0.1 -p $P -i {iters} {extra}"),
+        server: format!(
+            "rdma-demo {demo} --server -d rxe0 --bind 10.9.0.1 -p $P -n {iters} {extra}"
+        ),
         client: format!(
-            "rdma-demo {demo} -d rxe1 -p $P -i {iters} {extra} --json $R/$N.json 10.9.0.1"
+            "rdma-demo {demo} -d rxe1 -p $P -n {iters} {extra} --json $R/$N.json 10.9.0.1"
         ),
     };
     let c = |name, tool: &str, args: String| Run {
@@ -50,7 +52,7 @@ fn runs() -> Vec<Run> {
         client: format!("{tool} -d rxe1 -p $P {args} 10.9.0.1"),
     };
     vec![
-        ours("pp-poll-ours", "pingpong", ITER_POLL, &format!("-S {SIZE}")),
+        ours("pp-poll-ours", "pingpong", ITER_POLL, &format!("-s {SIZE}")),
         c(
             "pp-poll-rc",
             "ibv_rc_pingpong",
@@ -65,7 +67,7 @@ fn runs() -> Vec<Run> {
             "pp-event-ours",
             "pingpong",
             ITER_EVENT,
-            &format!("-S {SIZE} -e"),
+            &format!("-s {SIZE} -e"),
         ),
         c(
             "pp-event-rc",
@@ -81,13 +83,13 @@ fn runs() -> Vec<Run> {
             "wr-ours",
             "write-read",
             ITER_ONE_SIDED,
-            &format!("-S {SIZE}"),
+            &format!("-s {SIZE}"),
         ),
         ours(
             "wp-ours",
             "write-pingpong",
             ITER_ONE_SIDED,
-            &format!("-S {SIZE}"),
+            &format!("-s {SIZE}"),
         ),
         c(
             "wr-writelat",

@@ -10,7 +10,7 @@
 //! - S and T, after B: the loader's CPU at steady state over a fixed window, with `--no-tui`
 //!   (S) and in the live view at 4 Hz on a tmux screen (T).
 //!
-//! B's demo is a wrapper (`--demo`) that runs rdma-demo and then, while rdma-trace still has
+//! B's demo is a wrapper (`--demo-binary`) that runs rdma-demo and then, while rdma-trace still has
 //! its probes attached, snapshots `bpftool prog show` / `bpftool perf show` and the tracer's
 //! /proc status; C and D take the same snapshots after each demo run. BPF run-time statistics
 //! are on for the whole bench (`kernel.bpf_stats_enabled=1`) in every run, A included, since
@@ -39,7 +39,7 @@ const OURS_MARK: &str = "probes:";
 fn demo_cmd(mode: &str, json: &str) -> String {
     format!(
         "rdma-demo pingpong --loopback --port 0 -d rxe1 --server-device rxe0 --mode {mode} \
-         -i {ITERATIONS} -S {SIZE} --json {json}"
+         -n {ITERATIONS} -s {SIZE} --json {json}"
     )
 }
 
@@ -112,7 +112,7 @@ demo_running() {{
                     let _ = writeln!(
                         s,
                         "T0=$(now); BENCH_PREFIX={p} timeout 600 rdma-trace run --no-tui{waterfall} --mode both \
-                         -i {ITERATIONS} -S {SIZE} --demo /tmp/bench/demo.sh > {p}.out 2> {p}.err & TP=$!\n\
+                         -n {ITERATIONS} -s {SIZE} --demo-binary /tmp/bench/demo.sh > {p}.out 2> {p}.err & TP=$!\n\
                          echo $T0 > {p}.start\n\
                          wait_mark {p}.err '{OURS_MARK}' $TP && snap {p}-attach $TP short\n\
                          wait $TP; echo \"{round},{v},$?\" >> $R/runs.csv"
@@ -170,13 +170,13 @@ fn steady_runs(round: u32) -> String {
         )
     };
     format!(
-        "timeout 300 rdma-trace run --no-tui --mode event -i 1000000 -S {SIZE} --duration {duration} \
+        "timeout 300 rdma-trace run --no-tui --mode event -n 1000000 -s {SIZE} --duration {duration} \
          > {s}.out 2> {s}.err & TP=$!\n\
          wait_mark {s}.err '{OURS_MARK}' $TP && {{ {win_s}; }}\n\
          wait $TP; echo \"{round},S,$?\" >> $R/runs.csv\n\
          if ! command -v tmux >/dev/null; then echo 'no tmux in the guest: the live view is not measured'\n\
          elif ! LC_ALL=C.UTF-8 tmux -L rdma-bench new-session -d -s bench -x 160 -y 48 \"TERM=xterm-256color rdma-trace run --mode event \
-         -i 1000000 -S {SIZE} --duration {duration} 2> {t}.err; echo \\$? > {t}.rc\"; then\n\
+         -n 1000000 -s {SIZE} --duration {duration} 2> {t}.err; echo \\$? > {t}.rc\"; then\n\
          echo 'tmux did not start: the live view is not measured'; echo \"{round},T,none\" >> $R/runs.csv\n\
          else\n\
          for i in $(seq 400); do TP=$(pidof rdma-trace) && break; sleep 0.1; done\n\
@@ -985,7 +985,7 @@ mod tests {
         );
         // S and T: a steady CPU window each, the demo running throughout.
         assert_eq!(
-            s.matches("rdma-trace run --no-tui --mode event -i 1000000")
+            s.matches("rdma-trace run --no-tui --mode event -n 1000000")
                 .count(),
             2
         );
