@@ -3,6 +3,7 @@
 mod bench;
 mod build_ebpf;
 mod fixtures;
+mod libclang;
 mod man;
 mod run;
 mod setup;
@@ -45,6 +46,7 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    libclang::configure();
     let result = match cli.cmd {
         Cmd::Setup(a) => setup::run(&a).map(|()| 0),
         Cmd::BuildEbpf(a) => build_ebpf::run(&a).map(|_| 0),
