@@ -29,7 +29,12 @@ use crate::error::{Unsupported, exit};
 #[derive(Parser)]
 #[command(
     name = "rdma-trace",
-    version,
+    version = concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (eBPF object ",
+        env!("RDMA_TRACE_EBPF_BUILD_ID"),
+        ")"
+    ),
     about = "Latency histograms of the Linux RDMA completion path, with eBPF",
     after_help = "Exit codes: 0 ok (also a window ended by --duration, and Ctrl-C ending a collection \
                   that runs until stopped); 1 failure; 2 bad usage; 3 the kernel or privileges lack what \
