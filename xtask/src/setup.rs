@@ -259,8 +259,12 @@ fn ensure_bpf_linker() -> Result<()> {
             ])
             .args(["--no-default-features", "--features", "llvm-22", "--root"])
             .arg(tools_dir())
-            // /usr/bin/llvm-config is LLVM 14: point the build at LLVM 22.
-            .env("LLVM_PREFIX", LLVM_PREFIX)
+            // /usr/bin/llvm-config is LLVM 14: point the build at LLVM 22 (Debian's, unless
+            // LLVM_PREFIX names another).
+            .env(
+                "LLVM_PREFIX",
+                std::env::var_os("LLVM_PREFIX").unwrap_or_else(|| LLVM_PREFIX.into()),
+            )
             .env_remove("RUSTUP_TOOLCHAIN")
             .env_remove("CARGO_TARGET_DIR"),
     )
