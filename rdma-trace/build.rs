@@ -1,6 +1,8 @@
 //! Embed the eBPF object built by `cargo xtask build-ebpf`.
 use std::path::PathBuf;
 
+use sha2::Digest as _;
+
 fn main() {
     println!("cargo::rerun-if-env-changed=RDMA_TRACE_EBPF_OBJECT");
     println!("cargo::rerun-if-env-changed=CARGO_TARGET_DIR");
@@ -28,4 +30,9 @@ fn main() {
         "cargo::rustc-env=RDMA_TRACE_EBPF_OBJECT={}",
         object.display()
     );
+    // The object's build id for `--version`: the first 12 hex digits of its SHA-256.
+    let bytes = std::fs::read(&object).unwrap_or_default();
+    let digest = sha2::Sha256::digest(&bytes);
+    let id: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    println!("cargo::rustc-env=RDMA_TRACE_EBPF_BUILD_ID={id}");
 }

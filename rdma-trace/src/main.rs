@@ -97,7 +97,12 @@ fn top_help() -> String {
 #[derive(Parser)]
 #[command(
     name = "rdma-trace",
-    version,
+    version = concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (eBPF object ",
+        env!("RDMA_TRACE_EBPF_BUILD_ID"),
+        ")"
+    ),
     about = "Latency histograms of the Linux RDMA completion path, with eBPF",
     after_help = top_help()
 )]

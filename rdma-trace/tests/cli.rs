@@ -189,3 +189,20 @@ fn help_holds_the_exit_codes_of_both_binaries() {
         assert!(help.contains(line), "{line:?} not in:\n{help}");
     }
 }
+
+#[test]
+fn version_names_the_embedded_ebpf_object() {
+    let out = rdma_trace(&["--version"]);
+    assert!(out.status.success());
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let id = line
+        .strip_prefix(concat!(
+            "rdma-trace ",
+            env!("CARGO_PKG_VERSION"),
+            " (eBPF object "
+        ))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("no eBPF build id: {line}"));
+    assert_eq!(id.len(), 12, "{line}");
+    assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{line}");
+}

@@ -71,7 +71,7 @@ pub fn clippy() -> Result<()> {
 /// `cargo +<eBPF toolchain> <subcommand> --package rdma-trace-ebpf --target bpfel-unknown-none`
 /// with build-std, the eBPF target directory and the settings of `profile` (`DEV`/`RELEASE`).
 fn ebpf_cargo(subcommand: &str, profile: &str) -> Result<Command> {
-    setup::ensure()?;
+    setup::ensure_build()?;
     let toolchain = setup::ebpf_toolchain()?
         .context("no rustup toolchain with rust-src for the eBPF build: run `cargo xtask setup`")?;
     let ebpf_target = target_dir().join("ebpf");

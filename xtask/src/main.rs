@@ -2,7 +2,9 @@
 
 mod bench;
 mod build_ebpf;
+mod dist;
 mod fixtures;
+mod libclang;
 mod man;
 mod run;
 mod setup;
@@ -32,6 +34,9 @@ enum Cmd {
     /// Kernel fixtures of the hardware RDMA drivers, read off the guest kernels' own modules
     /// (into rdma-trace/tests/fixtures/<driver>-<kernel>/).
     Fixtures(fixtures::Args),
+    /// Release tarball (target/dist): rdma-trace with its eBPF object, rdma-demo, man pages,
+    /// completions, README, docs/install.md, SHA256SUMS. Needs only the build toolchain.
+    Dist(dist::Args),
     /// Generate the man pages of rdma-trace and rdma-demo (into target/man).
     Man(man::Args),
     /// The main job: build, then `rdma-trace run --mode event` here (RDMA device) or in the guest.
@@ -45,6 +50,7 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    libclang::configure();
     let result = match cli.cmd {
         Cmd::Setup(a) => setup::run(&a).map(|()| 0),
         Cmd::BuildEbpf(a) => build_ebpf::run(&a).map(|_| 0),
@@ -52,6 +58,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => run::run(&a),
         Cmd::Test(a) => test::run(&a).map(|()| 0),
         Cmd::Bench(a) => bench::run(&a),
+        Cmd::Dist(a) => dist::run(&a).map(|_| 0),
         Cmd::Man(a) => man::run(&a).map(|_| 0),
         Cmd::Fixtures(a) => fixtures::run(&a).map(|()| 0),
     };

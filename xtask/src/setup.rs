@@ -1,7 +1,10 @@
 //! `cargo xtask setup`: install what the project needs, idempotently.
 //!
-//! - Debian packages: the eBPF toolchain (rustc-web, cargo-web, rust-web-src, llvm-22-dev), the
-//!   verbs libraries and libclang 14 for rdma-sys, QEMU and xz for the guest test bed.
+//! - Debian packages, in two lists: the build toolchain ([`BUILD_PACKAGES`]: rustc-web,
+//!   cargo-web, rust-web-src, llvm-22-dev, the verbs libraries and libclang 14 for rdma-sys),
+//!   which is all that `build-ebpf` and `dist` ensure ([`ensure_build`]), and the test bed
+//!   ([`TESTBED_PACKAGES`]: QEMU, xz, zstd, tmux), which `setup`, `test` and the guest runs add
+//!   ([`ensure`]).
 //! - A rustup toolchain for the eBPF build: Debian's rustc-web linked as `debian-web`, unless a
 //!   rustup toolchain with rust-src already exists (or `RDMA_TRACE_EBPF_TOOLCHAIN` names one).
 //! - bpf-linker 0.13 built against LLVM 22 into `.tools/bin`.
@@ -12,20 +15,26 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::util::{output, run_cmd, say, tools_dir};
 
-/// Debian packages installed on the host (the guest's packages are downloaded, not installed).
-pub const APT_PACKAGES: &[&str] = &[
+/// Debian packages that build rdma-trace (with its eBPF object) and rdma-demo: all that
+/// `build-ebpf` and `dist` need.
+pub const BUILD_PACKAGES: &[&str] = &[
     // eBPF toolchain: Debian's Rust 1.96 with its std sources, and LLVM 22 for bpf-linker.
     "rustc-web",
     "cargo-web",
     "rust-web-src",
-    // clippy for that toolchain: `cargo xtask test` lints the eBPF crate with it.
-    "rust-web-clippy",
     "llvm-22-dev",
-    // rdma-demo: libibverbs/librdmacm, and libclang 14 for rdma-sys' bindgen.
+    // rdma-demo: libibverbs/librdmacm, and a libclang older than 16 for rdma-sys' bindgen.
     "libibverbs-dev",
     "librdmacm-dev",
     "libclang-14-dev",
     "pkg-config",
+];
+
+/// Debian packages of the test bed only (`setup`, `test`, `vm`, `bench`, `run` in the guest);
+/// the guest's own packages are downloaded, not installed.
+pub const TESTBED_PACKAGES: &[&str] = &[
+    // clippy for the eBPF toolchain: `cargo xtask test` lints the eBPF crate with it.
+    "rust-web-clippy",
     // Guest test bed.
     "qemu-system-x86",
     "xz-utils",
@@ -33,6 +42,22 @@ pub const APT_PACKAGES: &[&str] = &[
     // Tests of the live view drive it in tmux.
     "tmux",
 ];
+
+/// What to make sure of: the build toolchain only, or that and the test bed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Scope {
+    Build,
+    All,
+}
+
+impl Scope {
+    pub fn packages(self) -> Vec<&'static str> {
+        match self {
+            Scope::Build => BUILD_PACKAGES.to_vec(),
+            Scope::All => [BUILD_PACKAGES, TESTBED_PACKAGES].concat(),
+        }
+    }
+}
 
 /// The rustup name under which Debian's toolchain is linked.
 pub const DEBIAN_TOOLCHAIN: &str = "debian-web";
@@ -46,8 +71,12 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 pub struct Args {}
 
 pub fn run(_args: &Args) -> Result<()> {
+    run_scope(Scope::All)
+}
+
+fn run_scope(scope: Scope) -> Result<()> {
     let t0 = Instant::now();
-    let missing = missing_packages()?;
+    let missing = missing_packages(scope)?;
     if missing.is_empty() {
         say("apt packages: all present");
     } else {
@@ -60,33 +89,57 @@ pub fn run(_args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// Everything `build-ebpf`, `test` and `vm` need is there (cheap; no network).
-pub fn is_complete() -> Result<bool> {
-    Ok(missing_packages()?.is_empty() && ebpf_toolchain()?.is_some() && bpf_linker_ok())
+/// Everything `scope` needs is there (cheap; no network).
+pub fn is_complete(scope: Scope) -> Result<bool> {
+    Ok(missing_packages(scope)?.is_empty() && ebpf_toolchain()?.is_some() && bpf_linker_ok())
 }
 
-/// Run setup when something is missing, saying why.
+/// Run setup when something the test bed or the build needs is missing, saying why (`setup`,
+/// `test`, and every guest run).
 pub fn ensure() -> Result<()> {
-    if !is_complete()? {
-        say("something the build needs is missing: running `cargo xtask setup`");
-        run(&Args {})?;
+    if !is_complete(Scope::All)? {
+        say("something the test bed needs is missing: running `cargo xtask setup`");
+        run_scope(Scope::All)?;
     }
     Ok(())
 }
 
-fn missing_packages() -> Result<Vec<&'static str>> {
+/// Install only what the build needs when it is missing (`build-ebpf`, `dist`): never QEMU or
+/// tmux.
+pub fn ensure_build() -> Result<()> {
+    if !is_complete(Scope::Build)? {
+        say("something the build needs is missing: installing the build toolchain only");
+        run_scope(Scope::Build)?;
+    }
+    Ok(())
+}
+
+fn missing_packages(scope: Scope) -> Result<Vec<&'static str>> {
+    let packages = scope.packages();
+    if which("dpkg-query").is_none() {
+        // Not Debian: docs/install.md lists the packages; check only the toolchain and linker.
+        return Ok(Vec::new());
+    }
     // One dpkg-query call for all packages; unknown packages make it exit 1, so read stdout only.
     let out = Command::new("dpkg-query")
         .args(["-W", "-f=${Package} ${db:Status-Abbrev}\n"])
-        .args(APT_PACKAGES)
+        .args(&packages)
         .output()
-        .context("could not run dpkg-query (is this a Debian system?)")?;
+        .context("could not run dpkg-query")?;
     let text = String::from_utf8_lossy(&out.stdout);
-    Ok(APT_PACKAGES
-        .iter()
-        .copied()
+    Ok(packages
+        .into_iter()
         .filter(|p| !installed_in(&text, p))
         .collect())
+}
+
+/// `program` on PATH.
+pub fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
 }
 
 /// `dpkg-query` output says `pkg` is installed (status `ii`).
@@ -206,8 +259,12 @@ fn ensure_bpf_linker() -> Result<()> {
             ])
             .args(["--no-default-features", "--features", "llvm-22", "--root"])
             .arg(tools_dir())
-            // /usr/bin/llvm-config is LLVM 14: point the build at LLVM 22.
-            .env("LLVM_PREFIX", LLVM_PREFIX)
+            // /usr/bin/llvm-config is LLVM 14: point the build at LLVM 22 (Debian's, unless
+            // LLVM_PREFIX names another).
+            .env(
+                "LLVM_PREFIX",
+                std::env::var_os("LLVM_PREFIX").unwrap_or_else(|| LLVM_PREFIX.into()),
+            )
             .env_remove("RUSTUP_TOOLCHAIN")
             .env_remove("CARGO_TARGET_DIR"),
     )
@@ -227,5 +284,20 @@ mod tests {
         );
         assert!(installed_in(out, "xz-utils"));
         assert!(!installed_in(out, "qemu-system-x86"));
+    }
+
+    #[test]
+    fn the_build_needs_no_test_bed() {
+        let build = Scope::Build.packages();
+        for p in ["qemu-system-x86", "tmux", "xz-utils", "zstd"] {
+            assert!(!build.contains(&p), "{p} is in the build list");
+            assert!(
+                Scope::All.packages().contains(&p),
+                "{p} is not in setup's list"
+            );
+        }
+        for p in ["rustc-web", "rust-web-src", "llvm-22-dev", "libibverbs-dev"] {
+            assert!(build.contains(&p), "{p} is missing from the build list");
+        }
     }
 }

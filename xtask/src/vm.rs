@@ -205,6 +205,8 @@ pub fn run_in_guest_to_end(r: &GuestRun) -> Result<GuestEnd> {
     if r.cmd.is_empty() {
         bail!("no guest command given");
     }
+    // The build ensures only its toolchain: a guest run needs the test bed too.
+    crate::setup::ensure()?;
     if r.interactive && !on_terminal() {
         bail!(
             "an interactive guest needs stdin and stdout to be a terminal; drop -t/--interactive"

@@ -42,22 +42,35 @@ async fn read_all(mut pipe: impl AsyncRead + Unpin) -> String {
     s
 }
 
-/// The rdma-demo binary: `given`, else next to rdma-trace, else on PATH.
+/// The rdma-demo binary: `given`, else next to rdma-trace, else on PATH. Says on stderr which
+/// one (one line: `rdma-trace: using rdma-demo at PATH`); callers start it right after.
 pub fn binary(given: Option<&Path>) -> Result<PathBuf> {
+    let demo = find(
+        given,
+        std::env::current_exe().ok().as_deref(),
+        std::env::var_os("PATH"),
+    )?;
+    eprintln!("rdma-trace: using rdma-demo at {}", demo.display());
+    Ok(demo)
+}
+
+/// [`binary`] without the message, for rdma-trace at `exe` and this `path`.
+fn find(
+    given: Option<&Path>,
+    exe: Option<&Path>,
+    path: Option<std::ffi::OsString>,
+) -> Result<PathBuf> {
     if let Some(p) = given {
         if p.is_file() {
             return Ok(p.to_path_buf());
         }
         bail!("--demo-binary {}: no such file", p.display());
     }
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(|d| d.join("rdma-demo")));
+    let beside = exe.and_then(|e| e.parent().map(|d| d.join("rdma-demo")));
     if let Some(p) = beside.filter(|p| p.is_file()) {
         return Ok(p);
     }
-    std::env::var_os("PATH")
-        .iter()
+    path.iter()
         .flat_map(std::env::split_paths)
         .map(|d| d.join("rdma-demo"))
         .find(|p| p.is_file())
@@ -91,4 +104,33 @@ pub fn status_meaning(status: Option<i32>) -> &'static str {
         },
         |(_, m)| m,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_beside_rdma_trace_comes_before_path() {
+        let base =
+            std::env::temp_dir().join(format!("rdma-trace-demo-find-{}", std::process::id()));
+        let (bin, on_path) = (base.join("bin"), base.join("path"));
+        for d in [&bin, &on_path] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(on_path.join("rdma-demo"), "").unwrap();
+        let exe = bin.join("rdma-trace");
+        let path = Some(on_path.clone().into_os_string());
+        assert_eq!(
+            find(None, Some(&exe), path.clone()).unwrap(),
+            on_path.join("rdma-demo")
+        );
+        std::fs::write(bin.join("rdma-demo"), "").unwrap();
+        assert_eq!(find(None, Some(&exe), path).unwrap(), bin.join("rdma-demo"));
+        assert!(find(None, Some(&exe), None).is_ok());
+        std::fs::remove_file(bin.join("rdma-demo")).unwrap();
+        let err = find(None, Some(&exe), None).unwrap_err().to_string();
+        assert!(err.contains("nor on PATH"), "{err}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

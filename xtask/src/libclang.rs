@@ -1,0 +1,176 @@
+//! Which libclang rdma-sys' bindgen gets.
+//!
+//! rdma-sys 0.3 runs bindgen 0.59, which panics with libclang 16 and newer. clang-sys (under
+//! bindgen) takes `LIBCLANG_PATH` when it is set, else the newest libclang it finds. So a host
+//! whose newest libclang is older than 16 needs nothing, and one that also has a newer libclang
+//! needs `LIBCLANG_PATH`. [`configure`] finds that out before xtask runs cargo: when the newest
+//! libclang is 16 or later and an older one exists, it sets `LIBCLANG_PATH` to the newest older
+//! one for every cargo that xtask starts. A plain `cargo build` on such a host needs the variable
+//! set by hand (docs/install.md says so).
+
+use std::path::{Path, PathBuf};
+
+use crate::util::say;
+
+/// bindgen 0.59 works with libclang versions below this.
+pub const FIRST_BAD_VERSION: u32 = 16;
+
+/// Where libclang shared libraries are looked for: like clang-sys, `/usr/lib*` and
+/// `/usr/local/lib*` and two levels below them (`/usr/lib/llvm-14/lib`,
+/// `/usr/lib/x86_64-linux-gnu`, `/usr/lib64/llvm15/lib`).
+fn candidates() -> Vec<(PathBuf, u32)> {
+    let mut roots = Vec::new();
+    for parent in ["/usr", "/usr/local"] {
+        let Ok(entries) = std::fs::read_dir(parent) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with("lib") {
+                roots.push(e.path());
+            }
+        }
+    }
+    let mut dirs = roots.clone();
+    let mut level = roots;
+    for _ in 0..2 {
+        let next: Vec<PathBuf> = level.iter().flat_map(|d| subdirs(d)).collect();
+        dirs.extend(next.iter().cloned());
+        level = next;
+    }
+    let mut found = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !is_libclang(&name) {
+                continue;
+            }
+            let real = std::fs::canonicalize(e.path()).unwrap_or_else(|_| e.path());
+            let real_name = real
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or(name);
+            if let Some(v) = version(&real_name) {
+                found.push((dir.clone(), v));
+            }
+        }
+    }
+    found
+}
+
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A libclang shared library (not libclang-cpp, not a static archive).
+fn is_libclang(name: &str) -> bool {
+    name.starts_with("libclang")
+        && name.contains(".so")
+        && !name.contains("-cpp")
+        && (name.starts_with("libclang.so") || name.starts_with("libclang-"))
+}
+
+/// The major version in a libclang file name: `libclang-14.0.6.so`, `libclang-14.so.1`,
+/// `libclang.so.19.1.7`.
+pub fn version(name: &str) -> Option<u32> {
+    let rest = name
+        .strip_prefix("libclang-")
+        .or_else(|| name.strip_prefix("libclang.so."))?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// What to do about `LIBCLANG_PATH`, given the libclang libraries found (directory, version).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// The newest libclang is one bindgen 0.59 handles (or there is none): leave it to clang-sys.
+    Default,
+    /// Point `LIBCLANG_PATH` at this directory.
+    Set(PathBuf),
+    /// Only libclang 16 or newer: the rdma-demo build will fail.
+    NoneUsable(u32),
+}
+
+pub fn choose(found: &[(PathBuf, u32)]) -> Choice {
+    let Some(newest) = found.iter().map(|(_, v)| *v).max() else {
+        return Choice::Default;
+    };
+    if newest < FIRST_BAD_VERSION {
+        return Choice::Default;
+    }
+    found
+        .iter()
+        .filter(|(_, v)| *v < FIRST_BAD_VERSION)
+        // Highest version; on a tie the first found (the LLVM directory before the multiarch one).
+        .rev()
+        .max_by_key(|(_, v)| *v)
+        .map_or(Choice::NoneUsable(newest), |(d, _)| Choice::Set(d.clone()))
+}
+
+/// Set `LIBCLANG_PATH` for the cargo commands xtask starts, when the host needs it and the
+/// caller did not set it. Call before any thread starts.
+pub fn configure() {
+    if std::env::var_os("LIBCLANG_PATH").is_some() {
+        return;
+    }
+    match choose(&candidates()) {
+        Choice::Default => {}
+        Choice::Set(dir) => {
+            // SAFETY: called first thing in main, before xtask starts any thread.
+            unsafe { std::env::set_var("LIBCLANG_PATH", &dir) };
+        }
+        Choice::NoneUsable(newest) => say(format!(
+            "warning: only libclang {newest} found; rdma-sys' bindgen needs libclang < \
+             {FIRST_BAD_VERSION} (install one, e.g. libclang-14-dev, and/or set LIBCLANG_PATH): \
+             see docs/install.md"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_read_off_file_names() {
+        assert_eq!(version("libclang-14.0.6.so"), Some(14));
+        assert_eq!(version("libclang-14.so.14.0.6"), Some(14));
+        assert_eq!(version("libclang.so.19.1.7"), Some(19));
+        assert_eq!(version("libclang.so"), None);
+        assert!(!is_libclang("libclang-cpp.so.22.1"));
+        assert!(!is_libclang("libclangAST.a"));
+        assert!(is_libclang("libclang-14.so.1"));
+    }
+
+    #[test]
+    fn an_older_libclang_is_chosen_only_when_a_newer_one_would_win() {
+        let llvm14 = PathBuf::from("/usr/lib/llvm-14/lib");
+        let llvm15 = PathBuf::from("/usr/lib64/llvm15/lib");
+        let multiarch = PathBuf::from("/usr/lib/x86_64-linux-gnu");
+        assert_eq!(choose(&[]), Choice::Default);
+        assert_eq!(choose(&[(llvm14.clone(), 14)]), Choice::Default);
+        assert_eq!(
+            choose(&[
+                (llvm14.clone(), 14),
+                (multiarch.clone(), 19),
+                (multiarch.clone(), 14)
+            ]),
+            Choice::Set(llvm14.clone())
+        );
+        assert_eq!(
+            choose(&[(llvm14, 14), (llvm15.clone(), 15), (multiarch.clone(), 18)]),
+            Choice::Set(llvm15)
+        );
+        assert_eq!(choose(&[(multiarch, 18)]), Choice::NoneUsable(18));
+    }
+}
