@@ -14,7 +14,7 @@ use crate::{
     kernel::probes::ProbeDef,
     model::report::{ProbeReport, probe_reports, render},
     model::window::{Window, wait_window},
-    output::write_json,
+    output::write_json_if,
 };
 
 #[derive(clap::Args, Debug)]
@@ -64,15 +64,10 @@ pub async fn run(args: &Args) -> Result<()> {
     let vectors = probe_reports(&session, &data, window.seconds);
     println!("softirq durations over {:.1} s", window.seconds);
     print!("{}", render(&vectors));
-    if let Some(path) = &args.json {
-        write_json(
-            path,
-            &Report {
-                kernel: kernel.release(),
-                window,
-                vectors,
-            },
-        )?;
-    }
+    write_json_if(args.json.as_deref(), || Report {
+        kernel: kernel.release(),
+        window,
+        vectors,
+    })?;
     Ok(())
 }
