@@ -18,6 +18,8 @@ pub mod pingpong;
 pub mod report;
 pub mod stats;
 pub mod sysfs;
+#[cfg(test)]
+mod test_util;
 #[allow(unsafe_code)]
 pub mod verbs;
 pub mod write_pingpong;
