@@ -314,6 +314,7 @@ fn mtu_text(mtu: Option<u32>) -> String {
 mod tests {
     use super::*;
     use crate::sysfs::tests::Scratch;
+    use crate::test_util::assert_contains_all;
 
     fn gid(index: u32, gid: &str, gid_type: &str, ipv4: Option<&str>) -> GidReport {
         GidReport {
@@ -382,16 +383,15 @@ mod tests {
     fn text_lists_ports_and_marks_roce_v2_ipv4() {
         let text = render_text(&rxe0());
         assert!(text.starts_with("device rxe0\n"), "{text}");
-        assert!(text.contains("    parent netdev: va\n"), "{text}");
         assert!(!text.contains("driver:"), "{text}");
-        assert!(
-            text.contains("        state:         PORT_ACTIVE\n"),
-            "{text}"
-        );
-        assert!(text.contains("        link layer:    Ethernet\n"), "{text}");
-        assert!(
-            text.contains("        active MTU:    1024 (max 4096)\n"),
-            "{text}"
+        assert_contains_all(
+            &text,
+            &[
+                "    parent netdev: va\n",
+                "        state:         PORT_ACTIVE\n",
+                "        link layer:    Ethernet\n",
+                "        active MTU:    1024 (max 4096)\n",
+            ],
         );
         let gid_lines: Vec<&str> = text
             .lines()

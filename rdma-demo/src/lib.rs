@@ -21,6 +21,8 @@ pub mod pingpong;
 pub mod report;
 pub mod stats;
 pub mod sysfs;
+#[cfg(test)]
+mod test_util;
 #[allow(unsafe_code)]
 pub mod verbs;
 pub mod write_pingpong;

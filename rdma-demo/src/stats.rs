@@ -177,6 +177,7 @@ impl Totals {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::assert_contains_all;
 
     #[test]
     fn one_way_table_then_round_trip_table_each_with_its_header() {
@@ -230,18 +231,14 @@ mod tests {
             text.starts_with("=== Results ===\nTotal time:     100.000 ms\n"),
             "{text}"
         );
-        assert!(
-            text.contains("Avg latency:    100.000 us (round trip)\n"),
-            "{text}"
-        );
-        assert!(text.contains("Total wait/CQ:  90.000 ms\n"), "{text}");
-        assert!(
-            text.contains("Messages:       1000 sent, 1000 received\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("Throughput:     20000.00 msg/sec\n"),
-            "{text}"
+        assert_contains_all(
+            &text,
+            &[
+                "Avg latency:    100.000 us (round trip)\n",
+                "Total wait/CQ:  90.000 ms\n",
+                "Messages:       1000 sent, 1000 received\n",
+                "Throughput:     20000.00 msg/sec\n",
+            ],
         );
         let row = table_row(64, &summarize(&[1000, 3000]).unwrap());
         let cols: Vec<&str> = row.split_whitespace().collect();

@@ -220,54 +220,24 @@ fn unknown_device_names_the_available_ones() {
 // ---------------------------------------------------------------- demos
 
 use std::io::Write as _;
-use std::ops::{Deref, DerefMut};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+#[path = "../../rdma-trace/tests/guest/kill_on_drop.rs"]
+mod kill_on_drop;
+use kill_on_drop::KillOnDrop;
 
 /// A spawned rdma-demo, killed (and reaped) when dropped, also when a test fails: a demo left
 /// behind (some run `-n 1000000`) would run on through the tests after it.
-struct Running(Option<Child>);
-
-impl Running {
-    /// Waits for the demo's end and collects its output, as `Child::wait_with_output`.
-    fn output(mut self) -> Output {
-        let child = self.0.take().expect("a child");
-        child.wait_with_output().expect("output")
-    }
-}
-
-impl Deref for Running {
-    type Target = Child;
-
-    fn deref(&self) -> &Child {
-        self.0.as_ref().expect("a child")
-    }
-}
-
-impl DerefMut for Running {
-    fn deref_mut(&mut self) -> &mut Child {
-        self.0.as_mut().expect("a child")
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+type Running = KillOnDrop;
 
 fn spawn(args: &[&str]) -> Running {
-    Running(Some(
+    KillOnDrop::spawn(
         Command::new(bin())
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn rdma-demo {args:?}: {e}")),
-    ))
+            .stderr(Stdio::piped()),
+    )
 }
 
 /// Waits for `child` at most `limit`; kills it and fails the test if it does not exit.
@@ -275,11 +245,11 @@ fn wait_within(mut child: Running, limit: Duration, what: &str) -> (Output, Dura
     let start = Instant::now();
     loop {
         if child.try_wait().expect("try_wait").is_some() {
-            return (child.output(), start.elapsed());
+            return (child.wait_with_output(), start.elapsed());
         }
         if start.elapsed() > limit {
             let _ = child.kill();
-            let out = child.output();
+            let out = child.wait_with_output();
             panic!(
                 "{what} still running after {limit:?}; stderr: {}",
                 String::from_utf8_lossy(&out.stderr)
@@ -569,7 +539,7 @@ fn one_sided_servers_do_not_spin_in_poll_mode() {
             std::thread::sleep(Duration::from_millis(20));
         }
         let wall = start.elapsed().as_secs_f64();
-        let c = client.output();
+        let c = client.wait_with_output();
         assert_eq!(
             c.status.code(),
             Some(0),

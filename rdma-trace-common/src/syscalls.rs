@@ -83,12 +83,19 @@ pub fn phase_of_comm(comm: &[u8; 16]) -> u32 {
 
 #[inline(always)]
 fn comm_is(comm: &[u8; 16], name: &[u8]) -> bool {
-    if name.len() >= comm.len() || comm[name.len()] != 0 {
+    name.len() < comm.len() && comm[name.len()] == 0 && has_prefix(comm, name)
+}
+
+/// `bytes` begins with `prefix`. A byte loop, as the eBPF programs need: a slice comparison
+/// would call `memcmp`.
+#[inline(always)]
+pub fn has_prefix(bytes: &[u8], prefix: &[u8]) -> bool {
+    if bytes.len() < prefix.len() {
         return false;
     }
     let mut i = 0;
-    while i < name.len() {
-        if comm[i] != name[i] {
+    while i < prefix.len() {
+        if bytes[i] != prefix[i] {
             return false;
         }
         i += 1;
@@ -114,6 +121,14 @@ mod tests {
         assert_eq!(phase_of_comm(&comm(TEARDOWN_COMM)), PHASE_TEARDOWN);
         assert_eq!(phase_of_comm(&comm(b"rdma-demo:datax")), PHASE_SETUP);
         assert!(DATA_COMM.len() < 16 && TEARDOWN_COMM.len() < 16);
+    }
+
+    #[test]
+    fn prefixes() {
+        assert!(has_prefix(b"/dev/infiniband/uverbs0", RDMA_PATH_PREFIX));
+        assert!(has_prefix(RDMA_PATH_PREFIX, RDMA_PATH_PREFIX));
+        assert!(!has_prefix(b"/dev/infiniband", RDMA_PATH_PREFIX));
+        assert!(!has_prefix(b"/dev/null", RDMA_PATH_PREFIX));
     }
 
     #[test]

@@ -85,6 +85,61 @@ pub struct WfCounts {
     pub read_cpu: [u64; WF_CPUS as usize],
 }
 
+/// The loader's arithmetic on the records: it sums a thread's per-CPU records, merges thread
+/// slots, and takes differences between snapshots.
+impl WfCounts {
+    /// Nothing counted.
+    pub const ZERO: WfCounts = WfCounts {
+        counters: [0; NR_WCOUNTERS as usize],
+        classes: [0; NR_CLASSES as usize],
+        handler_cpu: [0; WF_CPUS as usize],
+        waiter_cpu: [0; WF_CPUS as usize],
+        read_cpu: [0; WF_CPUS as usize],
+    };
+
+    /// Adds every count of `o` to this one's.
+    pub fn add(&mut self, o: &WfCounts) {
+        self.each_with(o, |x, y| *x += y);
+    }
+
+    /// Takes every count of `o` from this one's, down to 0 at the least.
+    pub fn subtract(&mut self, o: &WfCounts) {
+        self.each_with(o, |x, y| *x = x.saturating_sub(y));
+    }
+
+    /// Nothing counted in `counters` (the other arrays only break those events down).
+    pub fn is_zero(&self) -> bool {
+        self.counters.iter().all(|&c| c == 0)
+    }
+
+    /// Counter `counter` (`W_*`).
+    pub fn get(&self, counter: u32) -> u64 {
+        self.counters[counter as usize]
+    }
+
+    /// `f` on each count and `o`'s count at the same place.
+    fn each_with(&mut self, o: &WfCounts, f: impl Fn(&mut u64, u64)) {
+        let pairs: [(&mut [u64], &[u64]); 5] = [
+            (&mut self.counters, &o.counters),
+            (&mut self.classes, &o.classes),
+            (&mut self.handler_cpu, &o.handler_cpu),
+            (&mut self.waiter_cpu, &o.waiter_cpu),
+            (&mut self.read_cpu, &o.read_cpu),
+        ];
+        for (a, b) in pairs {
+            for (x, y) in a.iter_mut().zip(b) {
+                f(x, *y);
+            }
+        }
+    }
+}
+
+impl Default for WfCounts {
+    fn default() -> Self {
+        WfCounts::ZERO
+    }
+}
+
 /// One histogram (same slots as the probe rows; see `hist_slot`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

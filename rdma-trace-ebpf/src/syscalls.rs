@@ -28,7 +28,7 @@ use aya_ebpf::{
 use rdma_trace_common::syscalls::{
     CLASS_NONE, CLASS_RDMA, CLASS_SOCKET, KIND_CLOSE, KIND_DUP, KIND_FCNTL, KIND_FD, KIND_NEW_SOCK,
     KIND_OPEN, KIND_OPENAT, KIND_OTHER, KIND_SOCK, KIND_SOCKETPAIR, MAX_SYSCALLS, RDMA_IOCTL_MAGIC,
-    RDMA_PATH_PREFIX, phase_of_comm, syscall_key,
+    RDMA_PATH_PREFIX, has_prefix, phase_of_comm, syscall_key,
 };
 
 // ---- configuration, set by the loader before load
@@ -115,17 +115,8 @@ fn is_rdma_path(ptr: u64) -> bool {
     let mut buf = [0u8; 20];
     // SAFETY: the helper copies at most `buf.len()` bytes from user memory and checks them.
     match unsafe { bpf_probe_read_user_str_bytes(ptr as *const u8, &mut buf) } {
-        Ok(s) if s.len() >= RDMA_PATH_PREFIX.len() => {
-            let mut i = 0;
-            while i < RDMA_PATH_PREFIX.len() {
-                if s[i] != RDMA_PATH_PREFIX[i] {
-                    return false;
-                }
-                i += 1;
-            }
-            true
-        }
-        _ => false,
+        Ok(s) => has_prefix(s, RDMA_PATH_PREFIX),
+        Err(_) => false,
     }
 }
 

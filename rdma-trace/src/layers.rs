@@ -2,7 +2,7 @@
 //!
 //! | layer | what it holds |
 //! |---|---|
-//! | root files | errors, signals, output files, start-up steps, verbosity |
+//! | root files | errors, signals, output files, start-up steps, stoppable threads, verbosity |
 //! | `kernel/` | kernel facts, the probe table, the plan |
 //! | `bpf/` | the eBPF object: loader, session, map reads, histograms, statistics, calibration, aya-log |
 //! | `waterfall/` | the completion waterfall: its programs' loader, model and selection |

@@ -14,6 +14,7 @@ mod output;
 mod run;
 mod signals;
 mod startup;
+mod stoppable;
 mod verbosity;
 mod views;
 mod waterfall;

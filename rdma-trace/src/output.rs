@@ -244,6 +244,14 @@ pub fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
     write_atomic(path, (text + "\n").as_bytes()).context("writing the JSON report")
 }
 
+/// [`write_json`] of the report `report` builds, when the command's `--json` named a `path`.
+pub fn write_json_if<R: Serialize>(path: Option<&Path>, report: impl FnOnce() -> R) -> Result<()> {
+    match path {
+        Some(path) => write_json(path, &report()),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

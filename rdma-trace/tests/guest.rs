@@ -27,6 +27,8 @@ mod guest_ebpf_log;
 mod hardening;
 #[path = "guest/harness.rs"]
 mod harness;
+#[path = "guest/kill_on_drop.rs"]
+mod kill_on_drop;
 #[path = "guest/workload.rs"]
 mod workload;
 

@@ -107,13 +107,14 @@ fn check_rc(
 mod tests {
     use super::*;
 
+    /// The error of `call` on `target` failing with `errno`.
+    fn failed(call: &'static str, target: &str, errno: i32) -> VerbsError {
+        VerbsError::new(call, target, io::Error::from_raw_os_error(errno))
+    }
+
     #[test]
     fn error_names_call_target_and_errno() {
-        let e = VerbsError::new(
-            "ibv_query_port",
-            "rxe0 port 1",
-            io::Error::from_raw_os_error(libc::EINVAL),
-        );
+        let e = failed("ibv_query_port", "rxe0 port 1", libc::EINVAL);
         let s = e.to_string();
         assert!(s.starts_with("ibv_query_port(rxe0 port 1): "), "{s}");
         assert!(s.contains("Invalid argument"), "{s}");
@@ -122,11 +123,7 @@ mod tests {
 
     #[test]
     fn error_without_target_has_no_parentheses() {
-        let e = VerbsError::new(
-            "ibv_get_device_list",
-            "",
-            io::Error::from_raw_os_error(libc::ENOSYS),
-        );
+        let e = failed("ibv_get_device_list", "", libc::ENOSYS);
         assert!(e.to_string().starts_with("ibv_get_device_list: "), "{e}");
     }
 

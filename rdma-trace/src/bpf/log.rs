@@ -8,16 +8,14 @@
 use std::{
     io::Write as _,
     os::fd::AsRawFd as _,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
+    sync::{Arc, Mutex, atomic::Ordering},
     time::{Duration, Instant},
 };
 
 use anyhow::{Result, anyhow};
 use aya::Ebpf;
+
+use crate::stoppable::StoppableThread;
 
 /// The object's level global (aya-log-ebpf).
 pub const LEVEL_GLOBAL: &str = "AYA_LOG_LEVEL";
@@ -145,8 +143,7 @@ impl log::Log for RateLimited {
 
 /// Reads the log ring on a thread until dropped (then reads what is left).
 pub struct Reader {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _thread: StoppableThread,
 }
 
 impl Reader {
@@ -158,42 +155,26 @@ impl Reader {
         let logger = Arc::new(RateLimited::new(names));
         let mut ring = aya_log::EbpfLogger::init_with_logger(ebpf, Shared(logger.clone()))
             .map_err(|e| anyhow!("reading the eBPF log ring: {}", crate::error::chain(&e)))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("ebpf-log".into())
-            .spawn(move || {
-                let fd = ring.as_raw_fd();
-                while !stopping.load(Ordering::Relaxed) {
-                    let mut pfd = libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd for the duration of the call; the ring's fd
-                    // stays open while `ring` lives (this thread owns it).
-                    unsafe { libc::poll(&mut pfd, 1, 100) };
-                    ring.flush();
-                }
+        let thread = StoppableThread::spawn("ebpf-log", move |stop| {
+            let fd = ring.as_raw_fd();
+            while !stop.load(Ordering::Relaxed) {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd for the duration of the call; the ring's fd
+                // stays open while `ring` lives (this thread owns it).
+                unsafe { libc::poll(&mut pfd, 1, 100) };
                 ring.flush();
-                if let Some(line) = logger.finish() {
-                    eprintln!("rdma-trace: [ebpf] {line}");
-                }
-            })
-            .map_err(|e| anyhow!("starting the eBPF log thread: {e}"))?;
-        Ok(Some(Reader {
-            stop,
-            thread: Some(thread),
-        }))
-    }
-}
-
-impl Drop for Reader {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+            }
+            ring.flush();
+            if let Some(line) = logger.finish() {
+                eprintln!("rdma-trace: [ebpf] {line}");
+            }
+        })
+        .map_err(|e| anyhow!("starting the eBPF log thread: {e}"))?;
+        Ok(Some(Reader { _thread: thread }))
     }
 }
 

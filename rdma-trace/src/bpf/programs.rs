@@ -94,25 +94,29 @@ mod tests {
         want
     }
 
+    /// Fails, saying `what` and naming them, if `a` has programs that `b` lacks.
+    fn assert_no_program_only_in(a: &BTreeSet<String>, b: &BTreeSet<String>, what: &str) {
+        let only_in_a: Vec<_> = a.difference(b).collect();
+        assert!(only_in_a.is_empty(), "{what}: {only_in_a:?}");
+    }
+
     #[test]
     fn the_object_has_every_program_the_loader_can_attach() {
-        let have = object_programs();
-        let missing: Vec<_> = loader_programs().difference(&have).cloned().collect();
-        assert!(
-            missing.is_empty(),
+        assert_no_program_only_in(
+            &loader_programs(),
+            &object_programs(),
             "programs the loader attaches but the eBPF object lacks (a kslot!/cq_probe! line \
-             removed, or a constant raised without one): {missing:?}"
+             removed, or a constant raised without one)",
         );
     }
 
     #[test]
     fn no_program_of_the_object_is_left_over() {
-        let want = loader_programs();
-        let extra: Vec<_> = object_programs().difference(&want).cloned().collect();
-        assert!(
-            extra.is_empty(),
+        assert_no_program_only_in(
+            &object_programs(),
+            &loader_programs(),
             "programs in the eBPF object that no loader path attaches (add them to the table, \
-             a constant or FIXED here, or remove them): {extra:?}"
+             a constant or FIXED here, or remove them)",
         );
     }
 

@@ -345,47 +345,36 @@ fn render(
         })
         .collect();
     let mut out = String::new();
-    family(
+    samples(
         &mut out,
         "rdma_trace_probe_attached",
         "gauge",
         "1 when the probe is attached on this host, 0 when it was skipped.",
+        probes
+            .iter()
+            .map(|(def, attached, _)| (labels.of(def), u64::from(*attached))),
     );
-    for (def, attached, _) in &probes {
-        let _ = writeln!(
-            out,
-            "rdma_trace_probe_attached{{{}}} {}",
-            labels.of(def),
-            u8::from(*attached)
-        );
-    }
     let attached: Vec<_> = probes.iter().filter(|(_, a, _)| *a).collect();
-    family(
-        &mut out,
-        "rdma_trace_probe_events_total",
-        "counter",
-        "Events the probe saw: calls, softirq runs, NAPI polls, interval starts.",
-    );
-    for (def, _, d) in &attached {
-        let _ = writeln!(
-            out,
-            "rdma_trace_probe_events_total{{{}}} {}",
-            labels.of(def),
-            d.counters[C_EVENTS as usize]
-        );
-    }
-    family(
-        &mut out,
-        "rdma_trace_probe_unmatched_total",
-        "counter",
-        "Ends seen without their start (attached mid-call, lost entries).",
-    );
-    for (def, _, d) in &attached {
-        let _ = writeln!(
-            out,
-            "rdma_trace_probe_unmatched_total{{{}}} {}",
-            labels.of(def),
-            d.counters[C_UNMATCHED as usize]
+    for (name, help, counter) in [
+        (
+            "rdma_trace_probe_events_total",
+            "Events the probe saw: calls, softirq runs, NAPI polls, interval starts.",
+            C_EVENTS,
+        ),
+        (
+            "rdma_trace_probe_unmatched_total",
+            "Ends seen without their start (attached mid-call, lost entries).",
+            C_UNMATCHED,
+        ),
+    ] {
+        samples(
+            &mut out,
+            name,
+            "counter",
+            help,
+            attached
+                .iter()
+                .map(|(def, _, d)| (labels.of(def), d.counters[counter as usize])),
         );
     }
     for (unit, name, help) in [
@@ -442,32 +431,24 @@ fn render_waterfall(out: &mut String, snap: &crate::waterfall::Snapshot, host: &
         return;
     };
     let host = escape(host);
-    family(
+    samples(
         out,
         "rdma_trace_waterfall_events_total",
         "counter",
         "Completion events read from completion channels, by whether the handler woke the reader.",
+        [("woken", W_WOKEN), ("awake", W_AWAKE)]
+            .map(|(kind, c)| (format!("kind=\"{kind}\",host=\"{host}\""), t.counts.get(c))),
     );
-    for (kind, c) in [("woken", W_WOKEN), ("awake", W_AWAKE)] {
-        let _ = writeln!(
-            out,
-            "rdma_trace_waterfall_events_total{{kind=\"{kind}\",host=\"{host}\"}} {}",
-            t.counts.get(c)
-        );
-    }
-    family(
+    samples(
         out,
         "rdma_trace_waterfall_placement_total",
         "counter",
         "Completion events by CPU placement of the handler against the reader.",
+        CLASS_NAMES
+            .iter()
+            .zip(t.counts.classes)
+            .map(|(name, n)| (format!("class=\"{name}\",host=\"{host}\""), n)),
     );
-    for (k, name) in CLASS_NAMES.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "rdma_trace_waterfall_placement_total{{class=\"{name}\",host=\"{host}\"}} {}",
-            t.counts.classes[k]
-        );
-    }
     let name = "rdma_trace_waterfall_stage_seconds";
     family(
         out,
@@ -488,6 +469,20 @@ fn render_waterfall(out: &mut String, snap: &crate::waterfall::Snapshot, host: &
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A family of plain samples: its header, then `name{labels} value` for each row.
+fn samples(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (String, u64)>,
+) {
+    family(out, name, kind, help);
+    for (labels, value) in rows {
+        let _ = writeln!(out, "{name}{{{labels}}} {value}");
+    }
 }
 
 /// `_bucket` lines at 2^k − 1 (the last whole value below each power of two, where the slots

@@ -16,7 +16,7 @@ use crate::{
     kernel::probes::{Driver, Method, ProbeDef, Role, Shape},
     model::report::{ProbeReport, probe_reports, render},
     model::window::{Window, wait_window},
-    output::write_json,
+    output::write_json_if,
 };
 
 #[derive(clap::Args, Debug)]
@@ -106,15 +106,10 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     println!("function durations over {:.1} s", window.seconds);
     print!("{}", render(&functions));
     let status = window.command_status;
-    if let Some(path) = &args.json {
-        write_json(
-            path,
-            &Report {
-                kernel: kernel.release(),
-                window,
-                functions,
-            },
-        )?;
-    }
+    write_json_if(args.json.as_deref(), || Report {
+        kernel: kernel.release(),
+        window,
+        functions,
+    })?;
     Ok(status)
 }

@@ -19,7 +19,7 @@ use crate::{
     model::report::{ProbeReport, probe_reports, render},
     model::sample::{Sample, Source},
     model::window::Window,
-    output::write_json,
+    output::write_json_if,
     views::tui::Live,
 };
 
@@ -250,19 +250,14 @@ pub async fn run(args: &Args) -> Result<()> {
     } else {
         print!("{text}");
     }
-    if let Some(path) = &args.json {
-        write_json(
-            path,
-            &Report {
-                kernel: kernel.release(),
-                window,
-                patterns,
-                irqs: irq_reports,
-                softirqs,
-                overhead,
-            },
-        )?;
-    }
+    write_json_if(args.json.as_deref(), || Report {
+        kernel: kernel.release(),
+        window,
+        patterns,
+        irqs: irq_reports,
+        softirqs,
+        overhead,
+    })?;
     Ok(())
 }
 

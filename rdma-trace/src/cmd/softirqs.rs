@@ -15,7 +15,7 @@ use crate::{
     model::baseline::delta,
     model::report::{ProbeReport, probe_reports, render},
     model::window::{Waiter, Window, wait_window},
-    output::write_json,
+    output::write_json_if,
 };
 
 #[derive(clap::Args, Debug)]
@@ -80,16 +80,11 @@ pub async fn run(args: &Args) -> Result<()> {
         println!("softirq durations over {:.1} s", window.seconds);
         print!("{}", render(&vectors));
     }
-    if let Some(path) = &args.json {
-        write_json(
-            path,
-            &Report {
-                kernel: kernel.release(),
-                window,
-                vectors,
-            },
-        )?;
-    }
+    write_json_if(args.json.as_deref(), || Report {
+        kernel: kernel.release(),
+        window,
+        vectors,
+    })?;
     Ok(())
 }
 

@@ -628,6 +628,31 @@ mod tests {
         matches!(decision(p, name), Decision::Try(_))
     }
 
+    /// The methods probe `name` is to be attached with, in order (it must not be skipped).
+    fn methods<'a>(p: &'a Plan, name: &str) -> &'a [Method] {
+        match decision(p, name) {
+            Decision::Try(methods) => methods,
+            d => panic!("{name} is skipped: {d:?}"),
+        }
+    }
+
+    /// Every probe of `names` is to be attached.
+    fn assert_attach(p: &Plan, names: &[&str]) {
+        for name in names {
+            assert!(attaches(p, name), "{name}: {:?}", decision(p, name));
+        }
+    }
+
+    /// Probe `name` is skipped for a reason that says every one of `words`.
+    fn assert_skipped(p: &Plan, name: &str, words: &[&str]) {
+        let d = decision(p, name);
+        let Decision::Skip(why) = d else {
+            panic!("{name} is not skipped: {d:?}")
+        };
+        let why = why.to_string();
+        assert!(words.iter().all(|w| why.contains(w)), "{name}: {why}");
+    }
+
     /// A copy of fixture `name` in a temporary directory, to add or remove files.
     fn fixture_copy(name: &str, tag: &str) -> std::path::PathBuf {
         fn copy(from: &std::path::Path, to: &std::path::Path) {
@@ -668,13 +693,10 @@ mod tests {
         let to_attach = plan_to_attach(&k, PROBES, Options::default());
         // With kprobes, fentry is only the fallback: the list is not read for attaching (the
         // kernel refuses a notrace fentry at attach), while `probes` reads it.
+        assert_eq!(methods(&full, "__napi_poll"), [Method::Kprobe]);
         assert_eq!(
-            decision(&full, "__napi_poll"),
-            &Decision::Try(vec![Method::Kprobe])
-        );
-        assert_eq!(
-            decision(&to_attach, "__napi_poll"),
-            &Decision::Try(vec![Method::Kprobe, Method::Fentry])
+            methods(&to_attach, "__napi_poll"),
+            [Method::Kprobe, Method::Fentry]
         );
         // Without kprobes fentry comes first: the list is read, and says why not.
         std::fs::remove_file(root.join("sys/bus/event_source/devices/kprobe/type")).unwrap();
@@ -693,41 +715,31 @@ mod tests {
     #[test]
     fn rxe_guest_attaches_generic_rxe_and_network_probes_with_kprobes() {
         let p = plan(PROBES, &facts("guest-6.1-rxe"), Options::default());
-        for name in [
-            "ib_uverbs_comp_handler",
-            "wakeup",
-            "rxe_cq_post",
-            "rxe_rcv",
-            "rxe_udp_encap_recv",
-            "rxe_requester",
-            "rxe_responder",
-            "rxe_completer",
-            "rxe_poll_cq",
-            "__napi_poll",
-            "softirq NET_RX",
-            "softirq TASKLET",
-            "napi_poll packets",
-        ] {
-            assert!(attaches(&p, name), "{name}: {:?}", decision(&p, name));
-        }
-        assert_eq!(
-            decision(&p, "ib_uverbs_comp_handler"),
-            &Decision::Try(vec![Method::Kprobe])
+        assert_attach(
+            &p,
+            &[
+                "ib_uverbs_comp_handler",
+                "wakeup",
+                "rxe_cq_post",
+                "rxe_rcv",
+                "rxe_udp_encap_recv",
+                "rxe_requester",
+                "rxe_responder",
+                "rxe_completer",
+                "rxe_poll_cq",
+                "__napi_poll",
+                "softirq NET_RX",
+                "softirq TASKLET",
+                "napi_poll packets",
+            ],
         );
-        assert_eq!(
-            decision(&p, "__napi_poll"),
-            &Decision::Try(vec![Method::Kprobe, Method::Fentry])
-        );
+        assert_eq!(methods(&p, "ib_uverbs_comp_handler"), [Method::Kprobe]);
+        assert_eq!(methods(&p, "__napi_poll"), [Method::Kprobe, Method::Fentry]);
         for name in ["mlx5_ib_poll_cq", "mlx5_eq_comp_int", "irq mlx5_comp"] {
-            assert!(
-                matches!(decision(&p, name), Decision::Skip(why) if why.to_string().contains("no mlx5 device")),
-                "{name}"
-            );
+            assert_skipped(&p, name, &["no mlx5 device"]);
         }
         // No NIC in the guest: the IRQ probe says which names it looked for.
-        assert!(
-            matches!(decision(&p, "irq nic"), Decision::Skip(why) if why.to_string().contains("virtio*-input*"))
-        );
+        assert_skipped(&p, "irq nic", &["virtio*-input*"]);
     }
 
     #[test]
@@ -757,15 +769,16 @@ mod tests {
     #[test]
     fn mlx5_host_attaches_mlx5_probes_and_its_completion_irqs() {
         let p = plan(PROBES, &facts("mlx5-6.1"), Options::default());
-        for name in [
-            "ib_uverbs_comp_handler",
-            "mlx5_ib_poll_cq",
-            "mlx5_ib_cq_comp",
-            "mlx5_eq_comp_int",
-            "irq mlx5_comp",
-        ] {
-            assert!(attaches(&p, name), "{name}: {:?}", decision(&p, name));
-        }
+        assert_attach(
+            &p,
+            &[
+                "ib_uverbs_comp_handler",
+                "mlx5_ib_poll_cq",
+                "mlx5_ib_cq_comp",
+                "mlx5_eq_comp_int",
+                "irq mlx5_comp",
+            ],
+        );
         let irq = p
             .probes
             .iter()
@@ -776,24 +789,17 @@ mod tests {
             [121, 122],
             "mlx5_comp0 and mlx5_comp1, not mlx5_async0"
         );
-        assert!(
-            matches!(decision(&p, "rxe_cq_post"), Decision::Skip(why) if why.to_string().contains("rxe"))
-        );
+        assert_skipped(&p, "rxe_cq_post", &["rxe"]);
         assert!(p.irq_map().contains(&(121, irq.id)));
     }
 
     #[test]
     fn host_without_rdma_keeps_only_tracepoints_and_says_why() {
         let p = plan(PROBES, &facts("host-6.18-no-rdma"), Options::default());
-        assert!(
-            matches!(decision(&p, "ib_uverbs_comp_handler"), Decision::Skip(why) if why.to_string().contains("no RDMA device"))
-        );
+        assert_skipped(&p, "ib_uverbs_comp_handler", &["no RDMA device"]);
         assert!(attaches(&p, "softirq NET_RX"));
         // __napi_poll is in vmlinux: without kprobes, fentry is the one method left.
-        assert_eq!(
-            decision(&p, "__napi_poll"),
-            &Decision::Try(vec![Method::Fentry])
-        );
+        assert_eq!(methods(&p, "__napi_poll"), [Method::Fentry]);
         assert!(
             attaches(&p, "irq nic"),
             "virtio input IRQs: {:?}",
@@ -805,26 +811,19 @@ mod tests {
     fn uprobes_are_opt_in_and_need_the_library() {
         let mut f = facts("guest-6.1-rxe");
         let p = plan(PROBES, &f, Options::default());
-        assert!(
-            matches!(decision(&p, "ibv_get_cq_event"), Decision::Skip(why) if why.to_string().contains("--uprobes"))
-        );
+        assert_skipped(&p, "ibv_get_cq_event", &["--uprobes"]);
         let opts = Options {
             uprobes: true,
             ..Options::default()
         };
         let p = plan(PROBES, &f, opts);
-        assert!(
-            matches!(decision(&p, "ibv_get_cq_event"), Decision::Skip(why) if why.to_string().contains("libibverbs.so.1 not found"))
-        );
+        assert_skipped(&p, "ibv_get_cq_event", &["libibverbs.so.1 not found"]);
         f.libraries.insert(
             "libibverbs.so.1".into(),
             "/usr/lib/x86_64-linux-gnu/libibverbs.so.1".into(),
         );
         let p = plan(PROBES, &f, opts);
-        assert_eq!(
-            decision(&p, "ibv_get_cq_event"),
-            &Decision::Try(vec![Method::Uprobe])
-        );
+        assert_eq!(methods(&p, "ibv_get_cq_event"), [Method::Uprobe]);
     }
 
     #[test]
@@ -837,16 +836,10 @@ mod tests {
                 ..Options::default()
             },
         );
-        assert!(
-            matches!(decision(&p, "ib_uverbs_comp_handler"), Decision::Skip(why) if why.to_string().contains("kallsyms"))
-        );
+        assert_skipped(&p, "ib_uverbs_comp_handler", &["kallsyms"]);
         let mut f = facts("guest-6.1-rxe");
         f.kprobes = false;
         let p = plan(PROBES, &f, Options::default());
-        assert!(
-            matches!(decision(&p, "rxe_cq_post"), Decision::Skip(why) if why.to_string().contains("kprobe PMU") && why.to_string().contains("module")),
-            "{:?}",
-            decision(&p, "rxe_cq_post")
-        );
+        assert_skipped(&p, "rxe_cq_post", &["kprobe PMU", "module"]);
     }
 }

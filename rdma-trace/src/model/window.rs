@@ -241,15 +241,19 @@ mod tests {
         assert_eq!(w.window(End::Caller("quit")).ended_by, "quit");
     }
 
-    #[tokio::test]
-    async fn the_commands_exit_ends_the_window_with_its_status() {
+    /// The window of a child running `sh -c script`, and the child after it.
+    async fn window_of(script: &str, duration: Option<Duration>) -> (Window, Child) {
         let mut child = tokio::process::Command::new("sh")
-            .args(["-c", "exit 3"])
+            .args(["-c", script])
             .spawn()
             .unwrap();
-        let w = wait_window(Some(Duration::from_secs(60)), Some(&mut child))
-            .await
-            .unwrap();
+        let w = wait_window(duration, Some(&mut child)).await.unwrap();
+        (w, child)
+    }
+
+    #[tokio::test]
+    async fn the_commands_exit_ends_the_window_with_its_status() {
+        let (w, _) = window_of("exit 3", Some(Duration::from_secs(60))).await;
         assert_eq!(w.ended_by, "command");
         assert_eq!(w.command_status, Some(3));
         assert!(!w.interrupted());
@@ -257,24 +261,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_command_killed_by_a_signal_has_128_plus_the_signal() {
-        let mut child = tokio::process::Command::new("sh")
-            .args(["-c", "kill -TERM $$"])
-            .spawn()
-            .unwrap();
-        let w = wait_window(None, Some(&mut child)).await.unwrap();
+        let (w, _) = window_of("kill -TERM $$", None).await;
         assert_eq!(w.ended_by, "command");
         assert_eq!(w.command_status, Some(128 + libc::SIGTERM));
     }
 
     #[tokio::test]
     async fn a_command_still_running_at_the_deadline_is_killed_and_reaped() {
-        let mut child = tokio::process::Command::new("sleep")
-            .arg("600")
-            .spawn()
-            .unwrap();
-        let w = wait_window(Some(Duration::from_millis(100)), Some(&mut child))
-            .await
-            .unwrap();
+        let (w, mut child) = window_of("exec sleep 600", Some(Duration::from_millis(100))).await;
         assert_eq!(w.ended_by, "duration");
         assert_eq!(w.command_status, None);
         assert!(

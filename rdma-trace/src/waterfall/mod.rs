@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Ebpf,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
-    programs::{KProbe, RawTracePoint, TracePoint},
+    programs::{KProbe, Program, ProgramError, RawTracePoint, TracePoint},
 };
 use rdma_trace_common::waterfall::{
     CLASS_UNKNOWN, WF_CPUS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfHist, WfSample, WfThread,
@@ -213,13 +213,21 @@ impl Waterfall {
         Ok(wf)
     }
 
+    /// Program `prog` of the object, as its kind `P`.
+    fn program<'a, P>(&'a mut self, prog: &str) -> Result<&'a mut P>
+    where
+        &'a mut P: TryFrom<&'a mut Program, Error = ProgramError>,
+    {
+        Ok(self
+            .ebpf
+            .program_mut(prog)
+            .with_context(|| format!("program {prog} is not in the eBPF object"))?
+            .try_into()?)
+    }
+
     /// Load `wf_mlx5_irq`; with completion IRQs `irqs`, list them and attach it.
     fn mlx5_irq(&mut self, irqs: &[u32]) -> Result<()> {
-        let p: &mut RawTracePoint = self
-            .ebpf
-            .program_mut("wf_mlx5_irq")
-            .context("program wf_mlx5_irq is not in the eBPF object")?
-            .try_into()?;
+        let p: &mut RawTracePoint = self.program("wf_mlx5_irq")?;
         p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
         if irqs.is_empty() {
             bail!("no mlx5 completion IRQ (mlx5_comp*) in /proc/interrupts");
@@ -233,22 +241,14 @@ impl Waterfall {
             map.insert(irq, 1, 0)
                 .map_err(|e| anyhow!("filling WF_T0_IRQS: {}", chain(&e)))?;
         }
-        let p: &mut RawTracePoint = self
-            .ebpf
-            .program_mut("wf_mlx5_irq")
-            .context("program wf_mlx5_irq is not in the eBPF object")?
-            .try_into()?;
+        let p: &mut RawTracePoint = self.program("wf_mlx5_irq")?;
         p.attach("irq_handler_entry")
             .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
         Ok(())
     }
 
     fn kprobe(&mut self, prog: &str, function: &str) -> Result<()> {
-        let p: &mut KProbe = self
-            .ebpf
-            .program_mut(prog)
-            .with_context(|| format!("program {prog} is not in the eBPF object"))?
-            .try_into()?;
+        let p: &mut KProbe = self.program(prog)?;
         p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
         p.attach(function, 0)
             .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
@@ -257,11 +257,7 @@ impl Waterfall {
 
     fn tracepoint(&mut self, prog: &str, event: &str) -> Result<()> {
         let (cat, name) = event.split_once('/').expect("category/name");
-        let p: &mut TracePoint = self
-            .ebpf
-            .program_mut(prog)
-            .with_context(|| format!("program {prog} is not in the eBPF object"))?
-            .try_into()?;
+        let p: &mut TracePoint = self.program(prog)?;
         p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
         p.attach(cat, name)
             .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;

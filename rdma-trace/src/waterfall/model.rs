@@ -4,82 +4,18 @@
 use std::collections::BTreeMap;
 
 use rdma_trace_common::waterfall::{
-    H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, NR_CLASSES, NR_WCOUNTERS, W_AWAKE,
+    H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, NR_CLASSES, W_AWAKE,
     W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN,
-    WF_CPUS, WF_NHIST, WfCounts,
+    WF_NHIST, WfCounts,
 };
 use serde::Serialize;
 
 use super::topology::CLASS_NAMES;
 use crate::bpf::hist::{Bucket, Histogram, human_ns_f};
 
-/// Counters of one thread, summed over CPUs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Counts {
-    pub counters: [u64; NR_WCOUNTERS as usize],
-    pub classes: [u64; NR_CLASSES as usize],
-    pub handler_cpu: [u64; WF_CPUS as usize],
-    pub waiter_cpu: [u64; WF_CPUS as usize],
-    pub read_cpu: [u64; WF_CPUS as usize],
-}
-
-impl Default for Counts {
-    fn default() -> Self {
-        Counts {
-            counters: [0; NR_WCOUNTERS as usize],
-            classes: [0; NR_CLASSES as usize],
-            handler_cpu: [0; WF_CPUS as usize],
-            waiter_cpu: [0; WF_CPUS as usize],
-            read_cpu: [0; WF_CPUS as usize],
-        }
-    }
-}
-
-fn add_all(a: &mut [u64], b: &[u64]) {
-    for (x, y) in a.iter_mut().zip(b) {
-        *x += y;
-    }
-}
-
-fn sub_all(a: &mut [u64], b: &[u64]) {
-    for (x, y) in a.iter_mut().zip(b) {
-        *x = x.saturating_sub(*y);
-    }
-}
-
-impl Counts {
-    pub fn add(&mut self, c: &WfCounts) {
-        add_all(&mut self.counters, &c.counters);
-        add_all(&mut self.classes, &c.classes);
-        add_all(&mut self.handler_cpu, &c.handler_cpu);
-        add_all(&mut self.waiter_cpu, &c.waiter_cpu);
-        add_all(&mut self.read_cpu, &c.read_cpu);
-    }
-
-    fn merge(&mut self, c: &Counts) {
-        add_all(&mut self.counters, &c.counters);
-        add_all(&mut self.classes, &c.classes);
-        add_all(&mut self.handler_cpu, &c.handler_cpu);
-        add_all(&mut self.waiter_cpu, &c.waiter_cpu);
-        add_all(&mut self.read_cpu, &c.read_cpu);
-    }
-
-    fn subtract(&mut self, c: &Counts) {
-        sub_all(&mut self.counters, &c.counters);
-        sub_all(&mut self.classes, &c.classes);
-        sub_all(&mut self.handler_cpu, &c.handler_cpu);
-        sub_all(&mut self.waiter_cpu, &c.waiter_cpu);
-        sub_all(&mut self.read_cpu, &c.read_cpu);
-    }
-
-    pub fn is_zero(&self) -> bool {
-        self.counters.iter().all(|&c| c == 0)
-    }
-
-    pub fn get(&self, counter: u32) -> u64 {
-        self.counters[counter as usize]
-    }
-}
+/// Counters of one thread, summed over CPUs: the per-CPU records of the eBPF map, added up
+/// (see [`WfCounts::add`]).
+pub type Counts = WfCounts;
 
 /// One thread slot.
 #[derive(Clone, Debug, PartialEq)]
@@ -95,7 +31,7 @@ pub struct ThreadData {
 
 impl ThreadData {
     fn merge(&mut self, o: &ThreadData) {
-        self.counts.merge(&o.counts);
+        self.counts.add(&o.counts);
         for (a, b) in self.hists.iter_mut().zip(&o.hists) {
             *a = a.add(b);
         }

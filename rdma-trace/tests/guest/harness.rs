@@ -5,8 +5,7 @@
 
 use std::{
     io::{BufRead as _, BufReader},
-    ops::{Deref, DerefMut},
-    process::{Child, ChildStderr, Command, ExitStatus, Output, Stdio},
+    process::{Child, ChildStderr, Command, ExitStatus, Stdio},
 };
 
 use serde_json::Value;
@@ -188,47 +187,6 @@ pub fn loopback_pingpong(extra: &[&str]) -> ExitStatus {
         .expect("run rdma-demo")
 }
 
-/// A child that is killed (and reaped) when dropped, also when a test fails, so that no probe
-/// or load outlives it.
-pub struct KillOnDrop(Option<Child>);
-
-impl KillOnDrop {
-    /// Starts `cmd`.
-    pub fn spawn(cmd: &mut Command) -> Self {
-        KillOnDrop(Some(
-            cmd.spawn().unwrap_or_else(|e| panic!("start {cmd:?}: {e}")),
-        ))
-    }
-
-    /// Waits for the child's end and collects its output, as `Child::wait_with_output`.
-    pub fn wait_with_output(mut self) -> Output {
-        let child = self.0.take().expect("a child");
-        let pid = child.id();
-        child
-            .wait_with_output()
-            .unwrap_or_else(|e| panic!("wait for child {pid}: {e}"))
-    }
-}
-
-impl Deref for KillOnDrop {
-    type Target = Child;
-
-    fn deref(&self) -> &Child {
-        self.0.as_ref().expect("a child")
-    }
-}
-
-impl DerefMut for KillOnDrop {
-    fn deref_mut(&mut self) -> &mut Child {
-        self.0.as_mut().expect("a child")
-    }
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+/// Killed (and reaped) when dropped, also when a test fails, so that no probe or load outlives
+/// the test.
+pub use super::kill_on_drop::KillOnDrop;

@@ -404,6 +404,7 @@ mod tests {
     use ratatui::{Terminal, backend::TestBackend};
 
     use super::*;
+    use crate::model::sample::Sample;
     use crate::views::tui::app::{Key, tests::sample};
 
     fn screen(app: &App, w: u16, h: u16) -> String {
@@ -443,44 +444,54 @@ mod tests {
         );
     }
 
+    /// Fails, naming it, unless every one of `parts` is on screen `s`.
+    fn assert_shows(s: &str, parts: &[&str]) {
+        for part in parts {
+            assert!(s.contains(part), "{part:?} is not on the screen:\n{s}");
+        }
+    }
+
+    /// An attached probe with `rxe_rcv` events, a skipped one, another with `net_rx` events.
+    fn rxe_and_net_rx(rxe_rcv: u64, net_rx: u64) -> Sample {
+        sample(&[
+            ("rxe_rcv", rxe_rcv, false),
+            ("mlx5_eq_comp_int", 0, true),
+            ("softirq NET_RX", net_rx, false),
+        ])
+    }
+
     #[test]
     fn draws_table_pane_histogram_and_progress() {
         let mut app = App::new("rdma-trace run");
-        app.update(sample(&[
-            ("rxe_rcv", 1200, false),
-            ("mlx5_eq_comp_int", 0, true),
-            ("softirq NET_RX", 800, false),
-        ]));
+        app.update(rxe_and_net_rx(1200, 800));
         let s = screen(&app, 120, 24);
-        assert!(s.contains("event mode"), "{s}");
-        assert!(s.contains("250 / 1000 iterations"), "{s}");
-        assert!(s.contains("rxe_rcv") && s.contains("1200"), "{s}");
-        // Skipped probes are one line under the attached ones.
-        assert!(s.contains("+ 1 skipped"), "{s}");
-        assert!(!s.contains("mlx5_eq_comp_int"), "{s}");
-        // The selected probe's pane: title, percentiles and histogram bars.
-        assert!(s.contains(" rxe_rcv "), "{s}");
-        assert!(s.contains("p99 9.0us"), "{s}");
-        assert!(s.contains("[1us, 2us)") && s.contains("█"), "{s}");
-        assert!(s.contains("q quit"), "{s}");
-        // The waterfall pane: stacked bars and the legend.
-        assert!(s.contains("completion waterfall"), "{s}");
-        assert!(s.contains("p50 █▓▓▓▓▓▒▒ 42.0us"), "{s}");
-        assert!(s.contains("p99 █▓▓▓▓"), "{s}");
-        assert!(
-            s.contains("▓ run queue          p50   30.0us  p99  200.0us"),
-            "{s}"
+        assert_shows(
+            &s,
+            &[
+                "event mode",
+                "250 / 1000 iterations",
+                "rxe_rcv",
+                "1200",
+                // Skipped probes are one line under the attached ones.
+                "+ 1 skipped",
+                // The selected probe's pane: title, percentiles and histogram bars.
+                " rxe_rcv ",
+                "p99 9.0us",
+                "[1us, 2us)",
+                "█",
+                "q quit",
+                // The waterfall pane: stacked bars and the legend.
+                "completion waterfall",
+                "p50 █▓▓▓▓▓▒▒ 42.0us",
+                "p99 █▓▓▓▓",
+                "▓ run queue          p50   30.0us  p99  200.0us",
+            ],
         );
+        assert!(!s.contains("mlx5_eq_comp_int"), "{s}");
         // The heat map under the table, for the selected probe.
-        app.update(sample(&[
-            ("rxe_rcv", 2400, false),
-            ("mlx5_eq_comp_int", 0, true),
-            ("softirq NET_RX", 900, false),
-        ]));
+        app.update(rxe_and_net_rx(2400, 900));
         let s = screen(&app, 120, 30);
-        assert!(s.contains("rxe_rcv over time"), "{s}");
-        assert!(s.contains("     1us █"), "{s}");
-        assert!(s.contains("     2us "), "{s}");
+        assert_shows(&s, &["rxe_rcv over time", "     1us █", "     2us "]);
 
         app.key(Key::Next);
         app.key(Key::Pause);

@@ -14,7 +14,7 @@ use std::{
     io::{IsTerminal as _, Write as _},
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU32, Ordering},
+        atomic::{AtomicU32, Ordering},
     },
     time::Duration,
 };
@@ -28,6 +28,7 @@ use crate::model::{
     sample::Source,
     window::{End, Waiter, Wake, Window},
 };
+use crate::stoppable::StoppableThread;
 
 /// Default refresh of the screen (4 Hz) and of the text view.
 pub const TUI_INTERVAL: Duration = Duration::from_millis(250);
@@ -326,8 +327,8 @@ pub struct Screen {
     keys: mpsc::UnboundedReceiver<Key>,
     /// The terminal's size from its last resize event (width << 16 | height), 0 for none.
     resized: Arc<AtomicU32>,
-    stop: Arc<AtomicBool>,
-    reader: Option<std::thread::JoinHandle<()>>,
+    /// Stopped before the terminal is restored.
+    reader: Option<StoppableThread>,
 }
 
 impl Screen {
@@ -345,43 +346,38 @@ impl Screen {
         let (tx, keys) = mpsc::unbounded_channel();
         let resized = Arc::new(AtomicU32::new(0));
         let size = resized.clone();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let reader = std::thread::Builder::new()
-            .name("keys".into())
-            .spawn(move || {
-                use crossterm::event::{Event, poll, read};
-                while !flag.load(Ordering::Relaxed) {
-                    match poll(KEY_POLL) {
-                        Ok(true) => match read() {
-                            Ok(Event::Key(k)) => {
-                                if let Some(k) = Key::from_event(&k)
-                                    && tx.send(k).is_err()
-                                {
-                                    break;
-                                }
+        let reader = StoppableThread::spawn("keys", move |stop| {
+            use crossterm::event::{Event, poll, read};
+            while !stop.load(Ordering::Relaxed) {
+                match poll(KEY_POLL) {
+                    Ok(true) => match read() {
+                        Ok(Event::Key(k)) => {
+                            if let Some(k) = Key::from_event(&k)
+                                && tx.send(k).is_err()
+                            {
+                                break;
                             }
-                            Ok(Event::Resize(w, h)) => {
-                                size.store(u32::from(w) << 16 | u32::from(h), Ordering::Relaxed);
-                                // Wakes the view, which redraws at the new size.
-                                if tx.send(Key::Resize).is_err() {
-                                    break;
-                                }
+                        }
+                        Ok(Event::Resize(w, h)) => {
+                            size.store(u32::from(w) << 16 | u32::from(h), Ordering::Relaxed);
+                            // Wakes the view, which redraws at the new size.
+                            if tx.send(Key::Resize).is_err() {
+                                break;
                             }
-                            Ok(_) => {}
-                            Err(_) => break,
-                        },
-                        Ok(false) => {}
-                        Err(_) => break, // no keyboard: the sender drops, recv() says None
-                    }
+                        }
+                        Ok(_) => {}
+                        Err(_) => break,
+                    },
+                    Ok(false) => {}
+                    Err(_) => break, // no keyboard: the sender drops, recv() says None
                 }
-            })
-            .context("starting the key reader")?;
+            }
+        })
+        .context("starting the key reader")?;
         Ok(Self {
             terminal,
             keys,
             resized,
-            stop,
             reader: Some(reader),
         })
     }
@@ -389,10 +385,7 @@ impl Screen {
 
 impl Drop for Screen {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
+        drop(self.reader.take());
         let _ = self.terminal.show_cursor();
         ratatui::restore();
     }
