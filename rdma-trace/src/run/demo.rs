@@ -11,6 +11,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow};
 
 use super::{
+    attach::{Attached, attach},
     config::{Mode, RunConfig},
     render,
     report::{LoadInfo, Phase, RunReport, completion_mode},
@@ -22,8 +23,6 @@ use crate::{
     bpf::stats::ProgramStat,
     error::{DemoFailed, Unsupported},
     kernel::facts::{Kernel, RdmaDevice},
-    kernel::plan::Options,
-    kernel::probes::PROBES,
     load::softroce,
     load::workload::{Extra, Target},
     model::baseline::{Baseline, delta},
@@ -68,34 +67,14 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
     let (server, client) = pick_devices(&devices, args)?;
     let demo = crate::load::demo::binary(args.demo.as_deref())?;
     crate::startup::step("checks and devices");
-    let defs = args.probes.select(PROBES);
     let extra = demo_extra(timeline_file.is_some());
-    let mut session = Session::start_with(
-        &kernel,
-        &defs,
-        args.probes.options(Options {
-            all_drivers: args.all_drivers,
-            uprobes: args.uprobes,
-        }),
-        &extra.object_config(),
-    )?;
-    // The session's probes are on the RDMA path, softirqs and IRQs: the umask calls of the
-    // calibration hit none of them.
-    let calibration = Some(session.calibrate());
-    crate::startup::step("calibration");
-    if let Some(c) = &calibration {
-        eprintln!("rdma-trace: {}", c.render());
-    }
-    let timeline = super::timeline::start(&mut session, &extra, timeline_file, args)?;
-    // The completion waterfall attaches before the probe table is printed: that line means
-    // everything is attached (the bench times start-up and the loader's CPU from it).
-    let wf = waterfall::start_or_explain(
-        args.no_waterfall,
-        args.sample as usize,
-        args.timeline_waterfall_events(),
-    );
-    crate::startup::step("waterfall");
-    crate::startup::print_if_verbose();
+    let Attached {
+        mut session,
+        calibration,
+        timeline,
+        waterfall: wf,
+    } = attach(args, &kernel, &extra, timeline_file)?;
+    let calibration = Some(calibration);
     eprintln!(
         "rdma-trace: server {server}, client {client}; probes:\n{}",
         session.attach_table()

@@ -13,6 +13,7 @@
 //! The load is one [`config::Load`]: the bundled demo ([`demo`]) or a workload, a command, pids or
 //! the whole system ([`workload`]).
 
+pub mod attach;
 pub mod config;
 pub mod demo;
 pub mod render;

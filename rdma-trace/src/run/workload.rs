@@ -10,6 +10,7 @@ use std::{
 use anyhow::{Result, anyhow, bail};
 
 use super::{
+    attach::{Attached, attach},
     config::RunConfig,
     render,
     report::{LoadInfo, Phase, ProcessReport, RunReport, completion_mode},
@@ -19,8 +20,6 @@ use crate::{
     bpf::session::Session,
     error::Usage,
     kernel::facts::Kernel,
-    kernel::plan::Options,
-    kernel::probes::PROBES,
     load::workload::{self, Extra, ProcessCounts, Target},
     model::baseline::{Baseline, delta},
     model::budget::Budget,
@@ -65,21 +64,12 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     crate::bpf::loader::prepare_loaders(if args.no_waterfall { 1 } else { 2 });
     let kernel = Kernel::live();
     let extra = Extra::for_target(&target, timeline_file.is_some())?;
-    let defs = args.probes.select(PROBES);
-    let mut session = Session::start_with(
-        &kernel,
-        &defs,
-        args.probes.options(Options {
-            all_drivers: args.all_drivers,
-            uprobes: args.uprobes,
-        }),
-        &extra.object_config(),
-    )?;
-    // As for the demo: the umask calls of the calibration hit none of the session's probes.
-    let calibration = session.calibrate();
-    crate::startup::step("calibration");
-    eprintln!("rdma-trace: {}", calibration.render());
-    let recorder = super::timeline::start(&mut session, &extra, timeline_file, args)?;
+    let Attached {
+        mut session,
+        calibration,
+        timeline: recorder,
+        waterfall: wf,
+    } = attach(args, &kernel, &extra, timeline_file)?;
     let mut watched = Vec::new();
     if let Target::Pids(pids) = &target {
         for &p in pids {
@@ -94,13 +84,6 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         ),
         Target::All => "the whole system".to_owned(),
     };
-    let wf = crate::waterfall::start_or_explain(
-        args.no_waterfall,
-        args.sample as usize,
-        args.timeline_waterfall_events(),
-    );
-    crate::startup::step("waterfall");
-    crate::startup::print_if_verbose();
     let wf_before = wf.as_ref().map(|w| w.snapshot()).transpose()?;
     // The processes' counts start with the window, as the probes' do.
     let procs_before = workload::read_processes(session.bpf().ebpf())?;

@@ -1,0 +1,65 @@
+//! The attach stage of `run`, the same for every load: the plan's probes (`--probes`), the
+//! calibration of each mechanism's cost, the load's own programs and the timeline recorder,
+//! then the completion waterfall. Once it returns, everything is attached.
+
+use std::fs::File;
+
+use anyhow::Result;
+
+use super::{config::RunConfig, timeline::TimelineRun};
+use crate::{
+    bpf::{calibrate::Calibration, session::Session},
+    kernel::{facts::Kernel, plan::Options, probes::PROBES},
+    load::workload::Extra,
+    waterfall::{self, Waterfall},
+};
+
+/// What the window then samples.
+pub struct Attached {
+    pub session: Session,
+    /// Per-hit cost of each attach mechanism, measured after the probes attached.
+    pub calibration: Calibration,
+    pub timeline: Option<TimelineRun>,
+    pub waterfall: Option<Waterfall>,
+}
+
+/// Attach everything `args` asks for on `kernel`, with the load's object configuration
+/// (`extra`) and the timeline file opened before (`timeline_file`).
+pub fn attach(
+    args: &RunConfig,
+    kernel: &Kernel,
+    extra: &Extra,
+    timeline_file: Option<File>,
+) -> Result<Attached> {
+    let defs = args.probes.select(PROBES);
+    let mut session = Session::start_with(
+        kernel,
+        &defs,
+        args.probes.options(Options {
+            all_drivers: args.all_drivers,
+            uprobes: args.uprobes,
+        }),
+        &extra.object_config(),
+    )?;
+    // The session's probes are on the RDMA path, softirqs and IRQs: the umask calls of the
+    // calibration hit none of them.
+    let calibration = session.calibrate();
+    crate::startup::step("calibration");
+    eprintln!("rdma-trace: {}", calibration.render());
+    let timeline = super::timeline::start(&mut session, extra, timeline_file, args)?;
+    // The completion waterfall attaches before the probe table is printed: that line means
+    // everything is attached (the bench times start-up and the loader's CPU from it).
+    let waterfall = waterfall::start_or_explain(
+        args.no_waterfall,
+        args.sample as usize,
+        args.timeline_waterfall_events(),
+    );
+    crate::startup::step("waterfall");
+    crate::startup::print_if_verbose();
+    Ok(Attached {
+        session,
+        calibration,
+        timeline,
+        waterfall,
+    })
+}
