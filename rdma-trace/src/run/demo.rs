@@ -80,6 +80,11 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         session.attach_table()
     );
     let load = LoadInfo::demo(args, &server, &client);
+    let report_text = render::Text {
+        load: &load,
+        kernel: kernel.release(),
+        config: args,
+    };
     let budget = Budget {
         percent: args.overhead_budget,
         enforce: args.enforce,
@@ -142,15 +147,6 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
             dropped,
             waterfall: wf_report,
         };
-        let mut text = String::new();
-        if phases.is_empty() {
-            text.push_str(&render::header(
-                &load,
-                kernel.release().as_deref(),
-                args.probes.name(),
-                &phase.probes,
-            ));
-        }
         let title = format!(
             "mode {mode:?}: {} iterations of {}, {server} ↔ {client}",
             args.iterations,
@@ -167,20 +163,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
                 demo_out.stdout.trim_end().to_owned()
             }
         );
-        let cost_lines = phase
-            .overhead
-            .tracing_adds
-            .as_ref()
-            .map(|a| format!("  {}\n", a.render()))
-            .unwrap_or_default()
-            + &budget.verdict(phase.overhead.tracing_adds.as_ref(), &phase.dropped);
-        text.push_str(&render::phase(
-            &title,
-            &load_text,
-            &cost_lines,
-            &phase,
-            args.detail(),
-        ));
+        let text = report_text.phase(phases.is_empty(), &title, &load_text, &budget, &phase);
         if live.is_screen() {
             deferred.push_str(&text);
         } else {
@@ -241,13 +224,9 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
     if phases.len() == 2 {
         args.print(&format!("\n{}\n", compare(&phases[0], &phases[1])));
     }
-    args.print(&render::next_hints(
-        &phases,
-        args.overhead_budget,
-        args.detail(),
-    ));
+    args.print(&report_text.next(&phases));
     if let Some(path) = &args.json {
-        let mut report = RunReport::new(args, kernel.release(), load);
+        let mut report = RunReport::new(args, kernel.release(), load.clone());
         report.calibration = calibration;
         report.phases = phases;
         report.waterfall_samples = (args.sample > 0).then_some(waterfall_samples).flatten();

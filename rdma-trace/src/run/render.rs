@@ -13,17 +13,58 @@ use crate::{
         loader::skipped_line,
     },
     kernel::probes::Unit,
-    model::report::{ProbeReport, render as render_probes},
+    model::{
+        budget::Budget,
+        report::{ProbeReport, render as render_probes},
+    },
     waterfall::{WaterfallReport, model::render_report as render_waterfall},
 };
 
 use super::{
-    config::Detail,
+    config::{Detail, RunConfig},
     report::{LoadInfo, Phase},
 };
 
 /// Kernel-path rows the default report shows.
 pub const TOP_ROWS: usize = 8;
+
+/// The text report of one run: what every phase's block needs to know once.
+pub struct Text<'a> {
+    pub load: &'a LoadInfo,
+    pub kernel: Option<String>,
+    pub config: &'a RunConfig,
+}
+
+impl Text<'_> {
+    /// One phase's block (`title`, the load's own results, then the rest, see [`phase`]);
+    /// before the run's first phase, its [`header`].
+    pub fn phase(
+        &self,
+        first: bool,
+        title: &str,
+        load_text: &str,
+        budget: &Budget,
+        p: &Phase,
+    ) -> String {
+        let mut out = if first {
+            header(
+                self.load,
+                self.kernel.as_deref(),
+                self.config.probes.name(),
+                &p.probes,
+            )
+        } else {
+            String::new()
+        };
+        out.push_str(&phase(title, load_text, budget, p, self.config.detail()));
+        out
+    }
+
+    /// The run's "next:" lines.
+    pub fn next(&self, phases: &[Phase]) -> String {
+        next_hints(phases, self.config.overhead_budget, self.config.detail())
+    }
+}
 
 /// The run's first lines: what ran, where, with what; and one line for all skipped rows.
 pub fn header(
@@ -89,12 +130,12 @@ pub fn kernel_path(probes: &[ProbeReport], rows: usize) -> String {
     out
 }
 
-/// One phase: `title`, the load's own results (`load_text`), the cost lines, the waterfall,
-/// the kernel path, then what `detail` asks for.
+/// One phase: `title`, the load's own results (`load_text`), what tracing cost against the
+/// `budget`, the waterfall, the kernel path, then what `detail` asks for.
 pub fn phase(
     title: &str,
     load_text: &str,
-    cost_lines: &str,
+    budget: &Budget,
     phase: &Phase,
     detail: Detail,
 ) -> String {
@@ -107,7 +148,10 @@ pub fn phase(
     if let Some(h) = &phase.overhead.hook_hits {
         out.push_str(&format!("  {}\n", h.render()));
     }
-    out.push_str(cost_lines);
+    if let Some(a) = &phase.overhead.tracing_adds {
+        out.push_str(&format!("  {}\n", a.render()));
+    }
+    out.push_str(&budget.verdict(phase.overhead.tracing_adds.as_ref(), &phase.dropped));
     if let Some(w) = &phase.waterfall {
         out.push_str(&render_waterfall(w));
     }

@@ -186,12 +186,11 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         waterfall,
     };
     let load = LoadInfo::workload(&target);
-    let mut text = render::header(
-        &load,
-        kernel.release().as_deref(),
-        args.probes.name(),
-        &phase.probes,
-    );
+    let report_text = render::Text {
+        load: &load,
+        kernel: kernel.release(),
+        config: args,
+    };
     let title = format!(
         "{label}: {:.1} s, ended by {}{}",
         window.seconds,
@@ -211,31 +210,14 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         },
         render_processes(&phase.processes, &target),
     );
-    let cost_lines = phase
-        .overhead
-        .tracing_adds
-        .as_ref()
-        .map(|a| format!("  {}\n", a.render()))
-        .unwrap_or_default()
-        + &budget.verdict(phase.overhead.tracing_adds.as_ref(), &[]);
-    text.push_str(&render::phase(
-        &title,
-        &load_text,
-        &cost_lines,
-        &phase,
-        args.detail(),
-    ));
+    let mut text = report_text.phase(true, &title, &load_text, &budget, &phase);
     if let Some(s) = &timeline {
         text.push_str(&format!("{}\n", super::timeline::summary_line(s)));
     }
-    text.push_str(&render::next_hints(
-        std::slice::from_ref(&phase),
-        args.overhead_budget,
-        args.detail(),
-    ));
+    text.push_str(&report_text.next(std::slice::from_ref(&phase)));
     args.print(&text);
     if let Some(path) = &args.json {
-        let mut report = RunReport::new(args, kernel.release(), load);
+        let mut report = RunReport::new(args, kernel.release(), load.clone());
         report.calibration = Some(calibration);
         report.phases.push(phase);
         report.timeline = timeline;
