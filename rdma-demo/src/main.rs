@@ -36,10 +36,12 @@ enum Command {
     Devices(DevicesArgs),
     /// SEND/RECV ping-pong between a server (--server) and a client, like ibv_rc_pingpong
     #[command(after_help = with_exit_codes(PINGPONG_EXAMPLES))]
-    Pingpong(PingPongArgs),
+    Pingpong(SizedArgs),
     /// One-sided RDMA WRITE/READ: the client reads, writes and reads back the server's buffer
     #[command(after_help = with_exit_codes(WRITE_READ_EXAMPLES))]
-    WriteRead(WriteReadArgs),
+    #[command(mut_arg("iterations", |a| a.help("WRITE + READ-back rounds")))]
+    #[command(mut_arg("size", |a| a.help("Buffer size in bytes")))]
+    WriteRead(SizedArgs),
     /// RDMA WRITE ping-pong polling memory on both sides, like ib_write_lat
     #[command(after_help = with_exit_codes(WRITE_PINGPONG_EXAMPLES))]
     WritePingpong(WritePingPongArgs),
@@ -215,26 +217,16 @@ fn parse_timeout(s: &str) -> Result<f64, String> {
     }
 }
 
+/// The flags of a demo of one client and one server that agree on `iterations` and `size`
+/// (`pingpong`, `write-read`); the help lines are pingpong's, which write-read rewords.
 #[derive(Debug, Args)]
-struct PingPongArgs {
+struct SizedArgs {
     #[command(flatten)]
     common: CommonArgs,
     /// Round trips
     #[arg(short = 'n', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
     iterations: u32,
     /// Message size in bytes
-    #[arg(short = 's', long, value_name = "BYTES", default_value_t = limits::DEFAULT_SIZE, value_parser = clap::value_parser!(u32).range(i64::from(limits::MIN_SIZE)..=i64::from(limits::MAX_SIZE)))]
-    size: u32,
-}
-
-#[derive(Debug, Args)]
-struct WriteReadArgs {
-    #[command(flatten)]
-    common: CommonArgs,
-    /// WRITE + READ-back rounds
-    #[arg(short = 'n', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
-    iterations: u32,
-    /// Buffer size in bytes
     #[arg(short = 's', long, value_name = "BYTES", default_value_t = limits::DEFAULT_SIZE, value_parser = clap::value_parser!(u32).range(i64::from(limits::MIN_SIZE)..=i64::from(limits::MAX_SIZE)))]
     size: u32,
 }
