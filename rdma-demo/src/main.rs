@@ -3,7 +3,6 @@
 #![forbid(unsafe_code)]
 
 use std::io::{self, Write};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,6 +14,7 @@ use rdma_demo::endpoint::{EndpointOptions, Fault};
 use rdma_demo::error::{DemoError, EXIT_CODES_HELP, exit};
 use rdma_demo::exchange::{self, SizedParams};
 use rdma_demo::flags::{Renamed, When};
+use rdma_demo::role::{Client, Server};
 use rdma_demo::{atomic, limits, pingpong, write_pingpong, write_read};
 
 #[derive(Debug, Parser)]
@@ -353,8 +353,8 @@ fn main() -> ExitCode {
                 &a.common,
                 "atomic",
                 serde_json::json!({ "iterations": p.iterations, "clients": p.clients, "repeat": p.repeat }),
-                |o, host, port| atomic::clients(o, host, port, p),
-                move |o, l| atomic::server(o, l, p).map(|r| vec![r]),
+                |c| atomic::clients(c, p),
+                move |s| atomic::server(s, p).map(|r| vec![r]),
                 atomic::Report::render,
             )
         }
@@ -435,8 +435,8 @@ impl CommonArgs {
 fn run_roles<R, C, S>(c: &CommonArgs, client: C, server: S) -> Result<Vec<R>, Failure>
 where
     R: Send + 'static,
-    C: FnOnce(&EndpointOptions, &str, u16) -> Result<R, DemoError>,
-    S: FnOnce(&EndpointOptions, &TcpListener) -> Result<R, DemoError> + Send + 'static,
+    C: FnOnce(&Client) -> Result<R, DemoError>,
+    S: FnOnce(&Server) -> Result<R, DemoError> + Send + 'static,
 {
     if c.server_device.is_some() && !c.loopback {
         return Err(Failure {
@@ -453,9 +453,18 @@ where
         let sopts = c.server_options();
         let server = std::thread::Builder::new()
             .name("server".into())
-            .spawn(move || server(&sopts, &listener))
+            .spawn(move || {
+                server(&Server {
+                    opts: &sopts,
+                    listener: &listener,
+                })
+            })
             .map_err(|e| DemoError::Other(format!("starting the server thread: {e}")))?;
-        let client_result = client(&c.client_options(), "127.0.0.1", port);
+        let client_result = client(&Client {
+            opts: &c.client_options(),
+            host: "127.0.0.1",
+            port,
+        });
         if client_result.is_err() {
             // If the server still waits for the client, an empty connection ends its wait at
             // once (the peer closed) instead of after the accept timeout.
@@ -471,10 +480,17 @@ where
         }
     } else if c.server {
         let listener = exchange::listen(&c.bind, c.port).map_err(DemoError::from)?;
-        Ok(vec![server(&c.server_options(), &listener)?])
+        Ok(vec![server(&Server {
+            opts: &c.server_options(),
+            listener: &listener,
+        })?])
     } else {
         let host = c.host.as_deref().unwrap_or("127.0.0.1");
-        Ok(vec![client(&c.client_options(), host, c.port)?])
+        Ok(vec![client(&Client {
+            opts: &c.client_options(),
+            host,
+            port: c.port,
+        })?])
     }
 }
 
@@ -519,8 +535,8 @@ fn run_demo<R, C, S>(
 ) -> Result<(), Failure>
 where
     R: serde::Serialize + Send + 'static,
-    C: FnOnce(&EndpointOptions, &str, u16) -> Result<Vec<R>, DemoError>,
-    S: FnOnce(&EndpointOptions, &TcpListener) -> Result<Vec<R>, DemoError> + Send + 'static,
+    C: FnOnce(&Client) -> Result<Vec<R>, DemoError>,
+    S: FnOnce(&Server) -> Result<Vec<R>, DemoError> + Send + 'static,
 {
     let reports: Vec<R> = run_roles(c, client, server)?
         .into_iter()
@@ -534,8 +550,8 @@ fn run_sized<R>(
     c: &CommonArgs,
     demo: &str,
     p: SizedParams,
-    client: fn(&EndpointOptions, &str, u16, SizedParams) -> Result<R, DemoError>,
-    server: fn(&EndpointOptions, &TcpListener, SizedParams) -> Result<R, DemoError>,
+    client: fn(&Client, SizedParams) -> Result<R, DemoError>,
+    server: fn(&Server, SizedParams) -> Result<R, DemoError>,
     render: fn(&R) -> String,
 ) -> Result<(), Failure>
 where
@@ -545,8 +561,8 @@ where
         c,
         demo,
         serde_json::json!({ "iterations": p.iterations, "size": p.size }),
-        |o, host, port| client(o, host, port, p).map(|r| vec![r]),
-        move |o, l| server(o, l, p).map(|r| vec![r]),
+        |c| client(c, p).map(|r| vec![r]),
+        move |s| server(s, p).map(|r| vec![r]),
         render,
     )
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::completion::Mode;
 use crate::endpoint::Endpoint;
-use crate::stats::Totals;
+use crate::stats::{RoundTrips, Totals};
 
 /// The part of a report every demo has; a report flattens it into its JSON object.
 #[derive(Debug, Clone, Serialize)]
@@ -33,6 +33,25 @@ impl Run {
             totals,
             notes: ep.notes.clone(),
         }
+    }
+
+    /// A title line: `role device`, then `rest` (`: what ran, how`).
+    pub fn title(&self, rest: std::fmt::Arguments<'_>) -> String {
+        format!("{} {}{rest}", self.role, self.device)
+    }
+
+    /// [`Run::render`] of a ping-pong of `size`-byte messages: no details, a latency per
+    /// round trip, then the round trips and their halves as perftest's `tool` prints them.
+    pub fn render_round_trips(
+        &self,
+        title: &str,
+        size: u32,
+        latency: &RoundTrips,
+        tool: &str,
+    ) -> String {
+        let mut out = self.render(title, "", "round trip per iteration");
+        out.push_str(&latency.render(size.into(), tool));
+        out
     }
 
     /// The notes, the `title` line, `details` (whole lines) and the results block, whose

@@ -109,6 +109,18 @@ pub fn table(title: &str, bytes: u64, s: &Summary) -> String {
     format!("--- {title} ---\n{TABLE_HEADER}\n{}\n", table_row(bytes, s))
 }
 
+/// A [`table`] of `bytes` for each named summary that is there, titled `title(name)`.
+pub fn tables(
+    summaries: &[(&str, &Option<Summary>)],
+    bytes: u64,
+    title: impl Fn(&str) -> String,
+) -> String {
+    summaries
+        .iter()
+        .filter_map(|(name, s)| s.as_ref().map(|s| table(&title(name), bytes, s)))
+        .collect()
+}
+
 /// One perftest row.
 pub fn table_row(bytes: u64, s: &Summary) -> String {
     format!(
@@ -148,6 +160,13 @@ impl Totals {
                 0.0
             },
         }
+    }
+
+    /// A ping-pong's totals: `iterations` round trips of one message each way, in `total`,
+    /// of which `wait` waiting for completions.
+    pub fn ping_pong(total: Duration, iterations: u32, wait: Duration) -> Self {
+        let n = u64::from(iterations);
+        Totals::new(total, n, wait, n, n)
     }
 
     /// `=== Results ===` and its lines; `latency_note` says what a latency is.
