@@ -44,18 +44,13 @@ pub struct Report {
 
 impl Report {
     pub fn render(&self) -> String {
-        let run = &self.run;
-        let title = run.title(format_args!(
-            " port {}: QP {:#08x} <-> remote QP {:#08x}, MTU {}, {} B x {} iterations, {} mode",
-            self.port,
-            self.local_qpn,
-            self.remote_qpn,
-            self.mtu,
-            self.size,
-            run.iterations,
-            run.mode.name()
-        ));
-        run.render_round_trips(&title, self.size, &self.latency, "ib_send_lat")
+        let qps = format!(
+            " port {}: QP {:#08x} <-> remote QP {:#08x}, MTU {}",
+            self.port, self.local_qpn, self.remote_qpn, self.mtu
+        );
+        let title = self.run.sized_title(&qps, self.size, None);
+        self.run
+            .render_round_trips(&title, self.size, &self.latency, "ib_send_lat")
     }
 }
 

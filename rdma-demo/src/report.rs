@@ -35,9 +35,18 @@ impl Run {
         }
     }
 
-    /// A title line: `role device`, then `rest` (`: what ran, how`).
-    pub fn title(&self, rest: std::fmt::Arguments<'_>) -> String {
-        format!("{} {}{rest}", self.role, self.device)
+    /// The title line of a demo of `size`-byte messages or buffers:
+    /// `role device{what}, {size} B x {iterations} iterations, {how}`, where `how` is
+    /// `{mode} mode` unless the demo names it.
+    pub fn sized_title(&self, what: &str, size: u32, how: Option<&str>) -> String {
+        let mode = format!("{} mode", self.mode.name());
+        format!(
+            "{} {}{what}, {size} B x {} iterations, {}",
+            self.role,
+            self.device,
+            self.iterations,
+            how.unwrap_or(&mode)
+        )
     }
 
     /// [`Run::render`] of a ping-pong of `size`-byte messages: no details, a latency per
@@ -65,5 +74,32 @@ impl Run {
         out.push_str(details);
         out.push_str(&self.totals.render(latency_note));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_sized_title_reads_as_the_demos_printed_it() {
+        let run = Run {
+            role: "client",
+            device: "rxe0".into(),
+            mode: Mode::Event,
+            iterations: 10,
+            totals: Totals::ping_pong(Duration::from_millis(1), 10, Duration::ZERO),
+            notes: Vec::new(),
+        };
+        assert_eq!(
+            run.sized_title(": RDMA WRITE/READ", 64, None),
+            "client rxe0: RDMA WRITE/READ, 64 B x 10 iterations, event mode"
+        );
+        assert_eq!(
+            run.sized_title(": RDMA WRITE ping-pong", 8, Some("memory polling")),
+            "client rxe0: RDMA WRITE ping-pong, 8 B x 10 iterations, memory polling"
+        );
     }
 }

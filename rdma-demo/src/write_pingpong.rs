@@ -58,12 +58,11 @@ pub struct Report {
 
 impl Report {
     pub fn render(&self) -> String {
-        let run = &self.run;
-        let title = run.title(format_args!(
-            ": RDMA WRITE ping-pong, {} B x {} iterations, memory polling",
-            self.size, run.iterations
-        ));
-        run.render_round_trips(&title, self.size, &self.latency, "ib_write_lat")
+        let title =
+            self.run
+                .sized_title(": RDMA WRITE ping-pong", self.size, Some("memory polling"));
+        self.run
+            .render_round_trips(&title, self.size, &self.latency, "ib_write_lat")
     }
 }
 

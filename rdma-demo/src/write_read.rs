@@ -55,13 +55,7 @@ pub struct Report {
 
 impl Report {
     pub fn render(&self) -> String {
-        let run = &self.run;
-        let title = run.title(format_args!(
-            ": RDMA WRITE/READ, {} B x {} iterations, {} mode",
-            self.size,
-            run.iterations,
-            run.mode.name()
-        ));
+        let title = self.run.sized_title(": RDMA WRITE/READ", self.size, None);
         let mut details = String::new();
         if let Some(first) = &self.first_read {
             let _ = writeln!(
@@ -70,7 +64,9 @@ impl Report {
             );
         }
         let _ = writeln!(details, "bytes verified: {}", self.bytes_verified);
-        let mut out = run.render(&title, &details, "one WRITE + one READ per iteration");
+        let mut out = self
+            .run
+            .render(&title, &details, "one WRITE + one READ per iteration");
         out.push_str(&stats::tables(
             &[("RDMA WRITE", &self.write_us), ("RDMA READ", &self.read_us)],
             self.size.into(),
