@@ -140,17 +140,14 @@ impl Report {
         if let Some(last) = self.last_fetched {
             let _ = writeln!(details, "last Fetch-and-Add returned: {last}");
         }
-        let mut out = run.render(&title, &details, "one round");
-        out.push_str(&stats::tables(
-            &[
-                ("Fetch-and-Add", &self.fetch_add_us),
-                ("Compare-and-Swap", &self.cmp_swap_us),
-                ("lock hold time", &self.hold_us),
-            ],
-            8,
-            |name| format!("{name} (full latency, not halved)"),
-        ));
-        out
+        let latencies = [
+            ("Fetch-and-Add", &self.fetch_add_us),
+            ("Compare-and-Swap", &self.cmp_swap_us),
+            ("lock hold time", &self.hold_us),
+        ];
+        run.render_with_tables(&title, &details, "one round", &latencies, 8, |name| {
+            format!("{name} (full latency, not halved)")
+        })
     }
 }
 
@@ -421,13 +418,7 @@ pub fn client(c: &Client, p: Params) -> Result<Report, DemoError> {
     // Fetch-and-Add alone makes no CAS attempt.
     let made_cas = p.repeat != Some(Repeat::Faa);
     let ops = fadds.len() as u64 + cass.len() as u64 + untimed * u64::from(p.iterations);
-    let totals = Totals::new(
-        total,
-        u64::from(p.iterations),
-        comp.wait_time(),
-        ops + 1,
-        ops,
-    );
+    let totals = Totals::one_sided_client(total, p.iterations, comp.wait_time(), ops);
     Ok(Report {
         run: Run::new("client", &ep, p.iterations, totals),
         client_id: Some(id),

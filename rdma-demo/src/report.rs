@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::completion::Mode;
 use crate::endpoint::Endpoint;
-use crate::stats::{RoundTrips, Totals};
+use crate::stats::{self, RoundTrips, Summary, Totals};
 
 /// The part of a report every demo has; a report flattens it into its JSON object.
 #[derive(Debug, Clone, Serialize)]
@@ -60,6 +60,26 @@ impl Run {
     ) -> String {
         let mut out = self.render(title, "", "round trip per iteration");
         out.push_str(&latency.render(size.into(), tool));
+        out
+    }
+
+    /// [`Run::render`], then a [`stats::table`] of `bytes` for each named summary that is
+    /// there, titled `table_title(name)`: the one-sided demos' latencies, post to completion.
+    pub fn render_with_tables(
+        &self,
+        title: &str,
+        details: &str,
+        latency_note: &str,
+        summaries: &[(&str, &Option<Summary>)],
+        bytes: u64,
+        table_title: impl Fn(&str) -> String,
+    ) -> String {
+        let mut out = self.render(title, details, latency_note);
+        for (name, s) in summaries {
+            if let Some(s) = s {
+                out.push_str(&stats::table(&table_title(name), bytes, s));
+            }
+        }
         out
     }
 

@@ -109,18 +109,6 @@ pub fn table(title: &str, bytes: u64, s: &Summary) -> String {
     format!("--- {title} ---\n{TABLE_HEADER}\n{}\n", table_row(bytes, s))
 }
 
-/// A [`table`] of `bytes` for each named summary that is there, titled `title(name)`.
-pub fn tables(
-    summaries: &[(&str, &Option<Summary>)],
-    bytes: u64,
-    title: impl Fn(&str) -> String,
-) -> String {
-    summaries
-        .iter()
-        .filter_map(|(name, s)| s.as_ref().map(|s| table(&title(name), bytes, s)))
-        .collect()
-}
-
 /// One perftest row.
 pub fn table_row(bytes: u64, s: &Summary) -> String {
     format!(
@@ -167,6 +155,13 @@ impl Totals {
     pub fn ping_pong(total: Duration, iterations: u32, wait: Duration) -> Self {
         let n = u64::from(iterations);
         Totals::new(total, n, wait, n, n)
+    }
+
+    /// A one-sided client's totals: `iterations` in `total`, of which `wait` waiting for
+    /// completions; `ops` requests that each got a response, and the final SEND that tells
+    /// the server it is done (sent only).
+    pub fn one_sided_client(total: Duration, iterations: u32, wait: Duration, ops: u64) -> Self {
+        Totals::new(total, u64::from(iterations), wait, ops + 1, ops)
     }
 
     /// `=== Results ===` and its lines; `latency_note` says what a latency is.

@@ -64,15 +64,14 @@ impl Report {
             );
         }
         let _ = writeln!(details, "bytes verified: {}", self.bytes_verified);
-        let mut out = self
-            .run
-            .render(&title, &details, "one WRITE + one READ per iteration");
-        out.push_str(&stats::tables(
+        self.run.render_with_tables(
+            &title,
+            &details,
+            "one WRITE + one READ per iteration",
             &[("RDMA WRITE", &self.write_us), ("RDMA READ", &self.read_us)],
             self.size.into(),
             |name| format!("{name} latency, post to completion (full, not halved)"),
-        ));
-        out
+        )
     }
 }
 
@@ -248,13 +247,7 @@ pub fn client(c: &Client, p: Params) -> Result<Report, DemoError> {
     let what = || "the final SEND".to_string();
     post_and_wait(&mut comp, &qp, WR_DONE, SendOp::Send, &local, 0, 8, &what)?;
     let ops = 2 * u64::from(p.iterations) + 1;
-    let totals = Totals::new(
-        total,
-        u64::from(p.iterations),
-        comp.wait_time(),
-        ops + 1,
-        ops,
-    );
+    let totals = Totals::one_sided_client(total, p.iterations, comp.wait_time(), ops);
     Ok(Report {
         run: Run::new("client", &ep, p.iterations, totals),
         size: p.size,
