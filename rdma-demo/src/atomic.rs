@@ -23,16 +23,16 @@
 //! them). Either way `counter` ends at Σ id · iterations, which the server checks as above.
 
 use std::fmt::Write as _;
-use std::net::TcpListener;
 use std::time::Instant;
 
 use serde::Serialize;
 
 use crate::completion::{Completions, expect, post_and_wait};
-use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
+use crate::endpoint::{Endpoint, random_psn};
 use crate::error::DemoError;
 use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
 use crate::report::Run;
+use crate::role::{Client, Server};
 use crate::stats::{self, Summary, Totals};
 use crate::verbs::{Access, MemoryRegion, SendOp, WcOpcode};
 
@@ -140,31 +140,20 @@ impl Report {
         if let Some(last) = self.last_fetched {
             let _ = writeln!(details, "last Fetch-and-Add returned: {last}");
         }
-        let mut out = run.render(&title, &details, "one round");
-        for (name, s) in [
+        let latencies = [
             ("Fetch-and-Add", &self.fetch_add_us),
             ("Compare-and-Swap", &self.cmp_swap_us),
             ("lock hold time", &self.hold_us),
-        ] {
-            if let Some(s) = s {
-                out.push_str(&stats::table(
-                    &format!("{name} (full latency, not halved)"),
-                    8,
-                    s,
-                ));
-            }
-        }
-        out
+        ];
+        run.render_with_tables(&title, &details, "one round", &latencies, 8, |name| {
+            format!("{name} (full latency, not halved)")
+        })
     }
 }
 
 /// Server: accepts `clients` clients, waits for all their final SENDs, checks the words.
-pub fn server(
-    opts: &EndpointOptions,
-    listener: &TcpListener,
-    p: Params,
-) -> Result<Report, DemoError> {
-    let ep = Endpoint::open(opts)?;
+pub fn server(s: &Server, p: Params) -> Result<Report, DemoError> {
+    let ep = Endpoint::open(s.opts)?;
     let n = p.clients as usize;
     let remote = Access {
         remote_atomic: true,
@@ -187,17 +176,15 @@ pub fn server(
         let psn = random_psn();
         let id = k as u32 + 1;
         let ours = ep.local_info(Demo::Atomic, &qp, psn, p.iterations, 8, id, Some(buffer));
-        exchange::server_handshake(listener, &ours, p.same_run(), opts.timeout, |theirs| {
-            ep.connect(&qp, psn, theirs)
-        })?;
+        s.handshake(&ours, p.same_run(), |theirs| ep.connect(&qp, psn, theirs))?;
         qps.push(qp);
     }
-    let _phase = crate::phase::data(opts.fault)?;
+    let _phase = crate::phase::data(s.opts.fault)?;
     let start = Instant::now();
     let mut done = vec![false; n];
     let mut last = region.read_u64(COUNTER as usize);
     while done.iter().any(|d| !d) {
-        let Some(wc) = comp.try_next_within(opts.timeout)? else {
+        let Some(wc) = comp.try_next_within(s.opts.timeout)? else {
             // Clients that still run keep changing the counter.
             let now = region.read_u64(COUNTER as usize);
             if now == last {
@@ -277,13 +264,8 @@ pub fn server(
 }
 
 /// One client.
-pub fn client(
-    opts: &EndpointOptions,
-    host: &str,
-    port: u16,
-    p: Params,
-) -> Result<Report, DemoError> {
-    let ep = Endpoint::open(opts)?;
+pub fn client(c: &Client, p: Params) -> Result<Report, DemoError> {
+    let ep = Endpoint::open(c.opts)?;
     // [atomic result | final message], local only.
     let local = MemoryRegion::new(&ep.pd, 16, Access::LOCAL_WRITE)?;
     let cq = ep.cq(4)?;
@@ -291,13 +273,13 @@ pub fn client(
     let mut comp = ep.completions(cq)?;
     let psn = random_psn();
     let ours = ep.local_info(Demo::Atomic, &qp, psn, p.iterations, 8, 0, None);
-    let peer = exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)?;
+    let peer = c.handshake(&ours, p.same_run())?;
     let id = peer.client_id;
     let remote = match peer.buffer {
         Some(b) if b.len == REGION_LEN && b.addr.is_multiple_of(8) && id != 0 => b,
         other => {
             return Err(ExchangeError::Mismatch {
-                peer: format!("{host}:{port}"),
+                peer: c.server_name(),
                 what: format!(
                     "want an 8-byte aligned {REGION_LEN}-byte region and a client id, got {other:?} and id {id}"
                 ),
@@ -306,7 +288,7 @@ pub fn client(
         }
     };
     ep.connect(&qp, psn, &peer)?;
-    let _phase = crate::phase::data(opts.fault)?;
+    let _phase = crate::phase::data(c.opts.fault)?;
     let id64 = u64::from(id);
 
     // The old value and the time from post to completion.
@@ -335,7 +317,7 @@ pub fn client(
     if let Some(repeat) = p.repeat {
         // ib_atomic_lat's loop: the same atomic on the same word, one at a time.
         let (mut seen, mut done) = (0u64, 0u32);
-        let mut deadline = Instant::now() + opts.timeout;
+        let mut deadline = Instant::now() + c.opts.timeout;
         while done < p.iterations {
             match repeat {
                 Repeat::Faa => {
@@ -362,7 +344,7 @@ pub fn client(
                     if old == seen {
                         seen += id64;
                         done += 1;
-                        deadline = Instant::now() + opts.timeout;
+                        deadline = Instant::now() + c.opts.timeout;
                     } else {
                         // Another client swapped first: try again from what it left.
                         retries += 1;
@@ -384,7 +366,7 @@ pub fn client(
             let (old, t) = atomic(&mut comp, fadd(COUNTER, id64), "FADD counter")?;
             fadds.push(t);
             last_fetched = old;
-            let deadline = Instant::now() + opts.timeout;
+            let deadline = Instant::now() + c.opts.timeout;
             loop {
                 let (old, t) = atomic(&mut comp, cas(0, id64), "CAS lock 0 -> id")?;
                 cass.push(t);
@@ -436,13 +418,7 @@ pub fn client(
     // Fetch-and-Add alone makes no CAS attempt.
     let made_cas = p.repeat != Some(Repeat::Faa);
     let ops = fadds.len() as u64 + cass.len() as u64 + untimed * u64::from(p.iterations);
-    let totals = Totals::new(
-        total,
-        u64::from(p.iterations),
-        comp.wait_time(),
-        ops + 1,
-        ops,
-    );
+    let totals = Totals::one_sided_client(total, p.iterations, comp.wait_time(), ops);
     Ok(Report {
         run: Run::new("client", &ep, p.iterations, totals),
         client_id: Some(id),
@@ -462,16 +438,9 @@ pub fn client(
 }
 
 /// `clients` clients at once, one thread (and device context) each.
-pub fn clients(
-    opts: &EndpointOptions,
-    host: &str,
-    port: u16,
-    p: Params,
-) -> Result<Vec<Report>, DemoError> {
+pub fn clients(c: &Client, p: Params) -> Result<Vec<Report>, DemoError> {
     let results: Vec<Result<Report, DemoError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..p.clients)
-            .map(|_| s.spawn(|| client(opts, host, port, p)))
-            .collect();
+        let handles: Vec<_> = (0..p.clients).map(|_| s.spawn(|| client(c, p))).collect();
         handles
             .into_iter()
             .map(|h| {

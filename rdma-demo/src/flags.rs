@@ -7,8 +7,14 @@
 //! * [`short_flag_clashes`]: a short flag means one long flag in every subcommand that has it,
 //!   and a long flag has the same short everywhere (or none anywhere). The binaries' tests run it
 //!   over their clap `Command`.
+//! * [`refuse_renamed`]: the check each binary's `main` runs first; [`check_renamed`] and
+//!   [`check_exit_codes_help`]: what each binary's tests assert over its own table and help.
 
 use std::collections::BTreeMap;
+use std::io::{self, Write as _};
+use std::process::ExitCode;
+
+use crate::error::exit;
 
 /// Which uses of an old spelling a [`Renamed`] rule refuses. A flag that has a new meaning
 /// may still be valid with a value of that meaning (rdma-demo's `-s 64` is a size).
@@ -85,6 +91,78 @@ pub fn deprecated<'t>(args: &[String], table: &'t [Renamed]) -> Option<&'t Renam
         }
     }
     None
+}
+
+/// For the binaries' tests: `cmd` has no [`short_flag_clashes`], and in each
+/// `(subcommand, short, long)` of `letters` the short letter is that long flag. Returns `cmd`
+/// built, for further checks.
+pub fn check_short_flags(cmd: &clap::Command, letters: &[(&str, char, &str)]) -> clap::Command {
+    assert_eq!(short_flag_clashes(cmd), Vec::<String>::new());
+    let mut cmd = cmd.clone();
+    cmd.build();
+    for &(sub, short, long) in letters {
+        let arg = cmd
+            .find_subcommand(sub)
+            .unwrap_or_else(|| panic!("no subcommand {sub}"))
+            .get_arguments()
+            .find(|a| a.get_short() == Some(short));
+        assert_eq!(arg.and_then(|a| a.get_long()), Some(long), "{sub} -{short}");
+    }
+    cmd
+}
+
+/// The check a binary's `main` runs before clap parses the line: when a rule of `table`
+/// refuses this process's arguments, prints `program: message` to stderr and returns the exit
+/// code (2, usage) to end with.
+pub fn refuse_renamed(program: &str, table: &[Renamed]) -> Option<ExitCode> {
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let rule = deprecated(&argv, table)?;
+    // Not eprintln!: it panics if stderr is gone.
+    let _ = writeln!(io::stderr(), "{program}: {}", rule.message);
+    Some(ExitCode::from(exit::USAGE))
+}
+
+/// For the binaries' tests: every rule of `table` names a flag its subcommands have
+/// ([`stale_rules`]); each `(line, says)` of `refused` is refused with a message containing
+/// `says`; each line of `accepted` passes the table and clap. Lines are split at spaces.
+pub fn check_renamed(
+    cmd: &clap::Command,
+    table: &[Renamed],
+    refused: &[(&str, &str)],
+    accepted: &[&str],
+) {
+    assert_eq!(stale_rules(cmd, table), Vec::<String>::new());
+    let refusal = |line: &str| {
+        let argv: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+        deprecated(&argv, table).map(|r| r.message)
+    };
+    for (line, says) in refused {
+        assert_eq!(
+            refusal(line).map(|m| m.contains(says)),
+            Some(true),
+            "{line}"
+        );
+    }
+    for line in accepted {
+        assert_eq!(refusal(line), None, "{line}");
+        if let Err(e) = cmd.clone().try_get_matches_from(line.split_whitespace()) {
+            panic!("{line}: {e}");
+        }
+    }
+}
+
+/// For the binaries' tests: `help` lists every exit code of [`exit::ALL`] at the start of a
+/// line, and the signal codes.
+pub fn check_exit_codes_help(help: &str) {
+    for (code, name) in exit::ALL {
+        assert!(
+            help.lines().any(|l| l.starts_with(&format!("  {code} "))),
+            "{name} ({code}) is not in --help:\n{help}"
+        );
+    }
+    assert!(help.contains("128+N  stopped by signal N"), "{help}");
 }
 
 /// Every flag of `cmd` and its subcommands (recursively, global flags included) whose short

@@ -19,6 +19,7 @@ pub mod limits;
 pub mod phase;
 pub mod pingpong;
 pub mod report;
+pub mod role;
 pub mod stats;
 pub mod sysfs;
 #[cfg(test)]

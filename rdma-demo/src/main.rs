@@ -3,7 +3,6 @@
 #![forbid(unsafe_code)]
 
 use std::io::{self, Write};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,6 +14,7 @@ use rdma_demo::endpoint::{EndpointOptions, Fault};
 use rdma_demo::error::{DemoError, EXIT_CODES_HELP, exit};
 use rdma_demo::exchange::{self, SizedParams};
 use rdma_demo::flags::{Renamed, When};
+use rdma_demo::role::{Client, Server};
 use rdma_demo::{atomic, limits, pingpong, write_pingpong, write_read};
 
 #[derive(Debug, Parser)]
@@ -36,10 +36,12 @@ enum Command {
     Devices(DevicesArgs),
     /// SEND/RECV ping-pong between a server (--server) and a client, like ibv_rc_pingpong
     #[command(after_help = with_exit_codes(PINGPONG_EXAMPLES))]
-    Pingpong(PingPongArgs),
+    Pingpong(SizedArgs),
     /// One-sided RDMA WRITE/READ: the client reads, writes and reads back the server's buffer
     #[command(after_help = with_exit_codes(WRITE_READ_EXAMPLES))]
-    WriteRead(WriteReadArgs),
+    #[command(mut_arg("iterations", |a| a.help("WRITE + READ-back rounds")))]
+    #[command(mut_arg("size", |a| a.help("Buffer size in bytes")))]
+    WriteRead(SizedArgs),
     /// RDMA WRITE ping-pong polling memory on both sides, like ib_write_lat
     #[command(after_help = with_exit_codes(WRITE_PINGPONG_EXAMPLES))]
     WritePingpong(WritePingPongArgs),
@@ -215,26 +217,16 @@ fn parse_timeout(s: &str) -> Result<f64, String> {
     }
 }
 
+/// The flags of a demo of one client and one server that agree on `iterations` and `size`
+/// (`pingpong`, `write-read`); the help lines are pingpong's, which write-read rewords.
 #[derive(Debug, Args)]
-struct PingPongArgs {
+struct SizedArgs {
     #[command(flatten)]
     common: CommonArgs,
     /// Round trips
     #[arg(short = 'n', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
     iterations: u32,
     /// Message size in bytes
-    #[arg(short = 's', long, value_name = "BYTES", default_value_t = limits::DEFAULT_SIZE, value_parser = clap::value_parser!(u32).range(i64::from(limits::MIN_SIZE)..=i64::from(limits::MAX_SIZE)))]
-    size: u32,
-}
-
-#[derive(Debug, Args)]
-struct WriteReadArgs {
-    #[command(flatten)]
-    common: CommonArgs,
-    /// WRITE + READ-back rounds
-    #[arg(short = 'n', long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=i64::from(limits::MAX_ITERATIONS)))]
-    iterations: u32,
-    /// Buffer size in bytes
     #[arg(short = 's', long, value_name = "BYTES", default_value_t = limits::DEFAULT_SIZE, value_parser = clap::value_parser!(u32).range(i64::from(limits::MIN_SIZE)..=i64::from(limits::MAX_SIZE)))]
     size: u32,
 }
@@ -304,12 +296,8 @@ impl From<DemoError> for Failure {
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args_os()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    if let Some(rule) = rdma_demo::flags::deprecated(&argv, RENAMED) {
-        let _ = writeln!(io::stderr(), "rdma-demo: {}", rule.message);
-        return ExitCode::from(exit::USAGE);
+    if let Some(code) = rdma_demo::flags::refuse_renamed("rdma-demo", RENAMED) {
+        return code;
     }
     let cli = Cli::parse();
     let result = match cli.command {
@@ -365,8 +353,8 @@ fn main() -> ExitCode {
                 &a.common,
                 "atomic",
                 serde_json::json!({ "iterations": p.iterations, "clients": p.clients, "repeat": p.repeat }),
-                |o, host, port| atomic::clients(o, host, port, p),
-                move |o, l| atomic::server(o, l, p).map(|r| vec![r]),
+                |c| atomic::clients(c, p),
+                move |s| atomic::server(s, p).map(|r| vec![r]),
                 atomic::Report::render,
             )
         }
@@ -447,8 +435,8 @@ impl CommonArgs {
 fn run_roles<R, C, S>(c: &CommonArgs, client: C, server: S) -> Result<Vec<R>, Failure>
 where
     R: Send + 'static,
-    C: FnOnce(&EndpointOptions, &str, u16) -> Result<R, DemoError>,
-    S: FnOnce(&EndpointOptions, &TcpListener) -> Result<R, DemoError> + Send + 'static,
+    C: FnOnce(&Client) -> Result<R, DemoError>,
+    S: FnOnce(&Server) -> Result<R, DemoError> + Send + 'static,
 {
     if c.server_device.is_some() && !c.loopback {
         return Err(Failure {
@@ -465,9 +453,18 @@ where
         let sopts = c.server_options();
         let server = std::thread::Builder::new()
             .name("server".into())
-            .spawn(move || server(&sopts, &listener))
+            .spawn(move || {
+                server(&Server {
+                    opts: &sopts,
+                    listener: &listener,
+                })
+            })
             .map_err(|e| DemoError::Other(format!("starting the server thread: {e}")))?;
-        let client_result = client(&c.client_options(), "127.0.0.1", port);
+        let client_result = client(&Client {
+            opts: &c.client_options(),
+            host: "127.0.0.1",
+            port,
+        });
         if client_result.is_err() {
             // If the server still waits for the client, an empty connection ends its wait at
             // once (the peer closed) instead of after the accept timeout.
@@ -483,10 +480,17 @@ where
         }
     } else if c.server {
         let listener = exchange::listen(&c.bind, c.port).map_err(DemoError::from)?;
-        Ok(vec![server(&c.server_options(), &listener)?])
+        Ok(vec![server(&Server {
+            opts: &c.server_options(),
+            listener: &listener,
+        })?])
     } else {
         let host = c.host.as_deref().unwrap_or("127.0.0.1");
-        Ok(vec![client(&c.client_options(), host, c.port)?])
+        Ok(vec![client(&Client {
+            opts: &c.client_options(),
+            host,
+            port: c.port,
+        })?])
     }
 }
 
@@ -531,8 +535,8 @@ fn run_demo<R, C, S>(
 ) -> Result<(), Failure>
 where
     R: serde::Serialize + Send + 'static,
-    C: FnOnce(&EndpointOptions, &str, u16) -> Result<Vec<R>, DemoError>,
-    S: FnOnce(&EndpointOptions, &TcpListener) -> Result<Vec<R>, DemoError> + Send + 'static,
+    C: FnOnce(&Client) -> Result<Vec<R>, DemoError>,
+    S: FnOnce(&Server) -> Result<Vec<R>, DemoError> + Send + 'static,
 {
     let reports: Vec<R> = run_roles(c, client, server)?
         .into_iter()
@@ -546,8 +550,8 @@ fn run_sized<R>(
     c: &CommonArgs,
     demo: &str,
     p: SizedParams,
-    client: fn(&EndpointOptions, &str, u16, SizedParams) -> Result<R, DemoError>,
-    server: fn(&EndpointOptions, &TcpListener, SizedParams) -> Result<R, DemoError>,
+    client: fn(&Client, SizedParams) -> Result<R, DemoError>,
+    server: fn(&Server, SizedParams) -> Result<R, DemoError>,
     render: fn(&R) -> String,
 ) -> Result<(), Failure>
 where
@@ -557,8 +561,8 @@ where
         c,
         demo,
         serde_json::json!({ "iterations": p.iterations, "size": p.size }),
-        |o, host, port| client(o, host, port, p).map(|r| vec![r]),
-        move |o, l| server(o, l, p).map(|r| vec![r]),
+        |c| client(c, p).map(|r| vec![r]),
+        move |s| server(s, p).map(|r| vec![r]),
         render,
     )
 }
@@ -621,14 +625,7 @@ mod tests {
 
     #[test]
     fn help_documents_exit_codes() {
-        let help = Cli::command().render_long_help().to_string();
-        for (code, name) in exit::ALL {
-            assert!(
-                help.lines().any(|l| l.starts_with(&format!("  {code} "))),
-                "{name} ({code}) is not in --help:\n{help}"
-            );
-        }
-        assert!(help.contains("128+N  stopped by signal N"), "{help}");
+        rdma_demo::flags::check_exit_codes_help(&Cli::command().render_long_help().to_string());
     }
 
     #[test]
@@ -642,47 +639,29 @@ mod tests {
 
     #[test]
     fn a_short_flag_means_one_long_flag_in_every_subcommand() {
-        assert_eq!(
-            rdma_demo::flags::short_flag_clashes(&Cli::command()),
-            Vec::<String>::new()
-        );
         // The perftest letters.
-        let mut cmd = Cli::command();
-        cmd.build();
-        for demo in ["pingpong", "write-read", "write-pingpong"] {
-            let sub = cmd.find_subcommand(demo).unwrap();
-            for (short, long) in [
-                ('s', "size"),
-                ('n', "iterations"),
-                ('x', "gid-index"),
-                ('e', "event"),
-                ('d', "device"),
-                ('i', "ib-port"),
-                ('p', "port"),
-                ('m', "mtu"),
-            ] {
-                let arg = sub.get_arguments().find(|a| a.get_short() == Some(short));
-                assert_eq!(
-                    arg.and_then(|a| a.get_long()),
-                    Some(long),
-                    "{demo} -{short}"
-                );
-            }
-        }
-    }
-
-    fn refused(line: &str) -> Option<&'static str> {
-        let argv: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
-        rdma_demo::flags::deprecated(&argv, RENAMED).map(|r| r.message)
+        let letters: Vec<(&str, char, &str)> = ["pingpong", "write-read", "write-pingpong"]
+            .into_iter()
+            .flat_map(|demo| {
+                [
+                    ('s', "size"),
+                    ('n', "iterations"),
+                    ('x', "gid-index"),
+                    ('e', "event"),
+                    ('d', "device"),
+                    ('i', "ib-port"),
+                    ('p', "port"),
+                    ('m', "mtu"),
+                ]
+                .map(|(short, long)| (demo, short, long))
+            })
+            .collect();
+        rdma_demo::flags::check_short_flags(&Cli::command(), &letters);
     }
 
     #[test]
     fn old_spellings_name_the_new_flag() {
-        assert_eq!(
-            rdma_demo::flags::stale_rules(&Cli::command(), RENAMED),
-            Vec::<String>::new()
-        );
-        for (line, says) in [
+        let refused = [
             (
                 "rdma-demo pingpong -s",
                 "-s is now --size (as in perftest); run the server with --server",
@@ -716,22 +695,14 @@ mod tests {
                 "rdma-demo atomic --loopback -i 500",
                 "-i is now -n (--iterations)",
             ),
-        ] {
-            assert_eq!(
-                refused(line).map(|m| m.contains(says)),
-                Some(true),
-                "{line}"
-            );
-        }
-        for line in [
+        ];
+        let accepted = [
             "rdma-demo pingpong --server -s 64",
             "rdma-demo pingpong --loopback -s 4096 -n 10 -x 1 -i 1",
             "rdma-demo devices -d rxe0",
             "rdma-demo write-pingpong --server -d rxe0 -i 2",
-        ] {
-            assert_eq!(refused(line), None, "{line}");
-            Cli::try_parse_from(line.split_whitespace()).unwrap();
-        }
+        ];
+        rdma_demo::flags::check_renamed(&Cli::command(), RENAMED, &refused, &accepted);
     }
 
     #[test]

@@ -5,7 +5,6 @@
 //! a receive slot of `size` bytes. The first 8 bytes of each message carry the iteration number
 //! (the server answers with its complement) and are checked on receipt.
 
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -13,8 +12,9 @@ use serde::Serialize;
 use crate::completion::{Completions, check_status, expect, unexpected};
 use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
 use crate::error::DemoError;
-use crate::exchange::{self, ConnInfo, Demo};
+use crate::exchange::{ConnInfo, Demo};
 use crate::report::Run;
+use crate::role::{Client, Server};
 use crate::stats::{RoundTrips, Totals};
 use crate::verbs::{Access, MemoryRegion, QueuePair, SendOp, WcOpcode, WorkCompletion};
 
@@ -44,22 +44,13 @@ pub struct Report {
 
 impl Report {
     pub fn render(&self) -> String {
-        let run = &self.run;
-        let title = format!(
-            "{} {} port {}: QP {:#08x} <-> remote QP {:#08x}, MTU {}, {} B x {} iterations, {} mode",
-            run.role,
-            run.device,
-            self.port,
-            self.local_qpn,
-            self.remote_qpn,
-            self.mtu,
-            self.size,
-            run.iterations,
-            run.mode.name()
+        let qps = format!(
+            " port {}: QP {:#08x} <-> remote QP {:#08x}, MTU {}",
+            self.port, self.local_qpn, self.remote_qpn, self.mtu
         );
-        let mut out = run.render(&title, "", "round trip per iteration");
-        out.push_str(&self.latency.render(self.size.into(), "ib_send_lat"));
-        out
+        let title = self.run.sized_title(&qps, self.size, None);
+        self.run
+            .render_round_trips(&title, self.size, &self.latency, "ib_send_lat")
     }
 }
 
@@ -163,17 +154,12 @@ impl Side {
 }
 
 /// Client side: connects to `host:port`, then runs the ping-pong.
-pub fn client(
-    opts: &EndpointOptions,
-    host: &str,
-    port: u16,
-    p: Params,
-) -> Result<Report, DemoError> {
-    let mut side = Side::new(opts, p.size)?;
+pub fn client(c: &Client, p: Params) -> Result<Report, DemoError> {
+    let mut side = Side::new(c.opts, p.size)?;
     let ours = side.info(p);
-    let peer = { exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)? };
+    let peer = c.handshake(&ours, p.same_run())?;
     side.ep.connect(&side.qp, side.psn, &peer)?;
-    let _phase = crate::phase::data(opts.fault)?;
+    let _phase = crate::phase::data(c.opts.fault)?;
 
     let mut samples = Vec::with_capacity(p.iterations as usize);
     let start = Instant::now();
@@ -196,23 +182,18 @@ pub fn client(
         samples.push(t0.elapsed().as_nanos() as u64);
     }
     let total = start.elapsed();
-    let n = u64::from(p.iterations);
-    let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
+    let totals = Totals::ping_pong(total, p.iterations, side.comp.wait_time());
     Ok(side.report("client", p, &peer, totals, RoundTrips::new(&samples)))
 }
 
 /// Server side: accepts one client on `listener`, then answers `iterations` messages.
-pub fn server(
-    opts: &EndpointOptions,
-    listener: &TcpListener,
-    p: Params,
-) -> Result<Report, DemoError> {
-    let mut side = Side::new(opts, p.size)?;
+pub fn server(s: &Server, p: Params) -> Result<Report, DemoError> {
+    let mut side = Side::new(s.opts, p.size)?;
     let ours = side.info(p);
-    let peer = exchange::server_handshake(listener, &ours, p.same_run(), opts.timeout, |theirs| {
+    let peer = s.handshake(&ours, p.same_run(), |theirs| {
         side.ep.connect(&side.qp, side.psn, theirs)
     })?;
-    let _phase = crate::phase::data(opts.fault)?;
+    let _phase = crate::phase::data(s.opts.fault)?;
 
     let mut start = None;
     let mut send_outstanding = false;
@@ -238,7 +219,6 @@ pub fn server(
     let wc = side.comp.next(&what)?;
     expect(wc, WcOpcode::Send, &what)?;
     let total = start.map_or(Duration::ZERO, |s| s.elapsed());
-    let n = u64::from(p.iterations);
-    let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
+    let totals = Totals::ping_pong(total, p.iterations, side.comp.wait_time());
     Ok(side.report("server", p, &peer, totals, RoundTrips::default()))
 }

@@ -150,6 +150,20 @@ impl Totals {
         }
     }
 
+    /// A ping-pong's totals: `iterations` round trips of one message each way, in `total`,
+    /// of which `wait` waiting for completions.
+    pub fn ping_pong(total: Duration, iterations: u32, wait: Duration) -> Self {
+        let n = u64::from(iterations);
+        Totals::new(total, n, wait, n, n)
+    }
+
+    /// A one-sided client's totals: `iterations` in `total`, of which `wait` waiting for
+    /// completions; `ops` requests that each got a response, and the final SEND that tells
+    /// the server it is done (sent only).
+    pub fn one_sided_client(total: Duration, iterations: u32, wait: Duration, ops: u64) -> Self {
+        Totals::new(total, u64::from(iterations), wait, ops + 1, ops)
+    }
+
     /// `=== Results ===` and its lines; `latency_note` says what a latency is.
     pub fn render(&self, latency_note: &str) -> String {
         let mut out = String::from("=== Results ===\n");

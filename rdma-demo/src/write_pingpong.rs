@@ -12,16 +12,16 @@
 //! so there is no event mode (`rdma-demo write-pingpong` refuses `--mode event`). The WRITEs are signaled; their completions are collected while
 //! polling, off the timed path.
 
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::completion::{CompletionError, Completions, Mode, expect};
-use crate::endpoint::{Endpoint, EndpointOptions, random_psn};
+use crate::endpoint::{Endpoint, random_psn};
 use crate::error::DemoError;
-use crate::exchange::{self, ConnInfo, Demo, ExchangeError, RemoteBuf};
+use crate::exchange::{ConnInfo, Demo, ExchangeError, RemoteBuf};
 use crate::report::Run;
+use crate::role::{Client, Server};
 use crate::stats::{RoundTrips, Totals};
 use crate::verbs::{Access, MemoryRegion, QueuePair, SendOp, WcOpcode};
 
@@ -58,14 +58,11 @@ pub struct Report {
 
 impl Report {
     pub fn render(&self) -> String {
-        let run = &self.run;
-        let title = format!(
-            "{} {}: RDMA WRITE ping-pong, {} B x {} iterations, memory polling",
-            run.role, run.device, self.size, run.iterations
-        );
-        let mut out = run.render(&title, "", "round trip per iteration");
-        out.push_str(&self.latency.render(self.size.into(), "ib_write_lat"));
-        out
+        let title =
+            self.run
+                .sized_title(": RDMA WRITE ping-pong", self.size, Some("memory polling"));
+        self.run
+            .render_round_trips(&title, self.size, &self.latency, "ib_write_lat")
     }
 }
 
@@ -224,19 +221,15 @@ fn peer_buffer(peer: &ConnInfo, p: Params, who: &str) -> Result<RemoteBuf, DemoE
 }
 
 /// Server: answers each of the client's messages with its own.
-pub fn server(
-    opts: &EndpointOptions,
-    listener: &TcpListener,
-    p: Params,
-) -> Result<Report, DemoError> {
-    let ep = Endpoint::open(opts)?;
+pub fn server(s: &Server, p: Params) -> Result<Report, DemoError> {
+    let ep = Endpoint::open(s.opts)?;
     let (mut side, psn) = Side::new(&ep, p, true)?;
     let ours = side.info(&ep, psn);
-    let peer = exchange::server_handshake(listener, &ours, p.same_run(), opts.timeout, |theirs| {
+    let peer = s.handshake(&ours, p.same_run(), |theirs| {
         ep.connect(&side.qp, psn, theirs)
     })?;
     let remote = peer_buffer(&peer, p, "the client")?;
-    let _phase = crate::phase::data(opts.fault)?;
+    let _phase = crate::phase::data(s.opts.fault)?;
     let start = Instant::now();
     for n in 1..=u64::from(p.iterations) {
         side.wait_for(n, &|| format!("the client's message {n}"))?;
@@ -245,8 +238,7 @@ pub fn server(
     side.drain()?;
     let total = start.elapsed();
     side.check(u64::from(p.iterations), false)?;
-    let n = u64::from(p.iterations);
-    let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
+    let totals = Totals::ping_pong(total, p.iterations, side.comp.wait_time());
     let mut run = Run::new("server", &ep, p.iterations, totals);
     run.notes.push(format!(
         "server: {} bytes at {:#x} rkey {:#x} (REMOTE_WRITE) for the client's messages",
@@ -262,19 +254,14 @@ pub fn server(
 }
 
 /// Client: times each message's round trip, from its post to the reply in memory.
-pub fn client(
-    opts: &EndpointOptions,
-    host: &str,
-    port: u16,
-    p: Params,
-) -> Result<Report, DemoError> {
-    let ep = Endpoint::open(opts)?;
+pub fn client(c: &Client, p: Params) -> Result<Report, DemoError> {
+    let ep = Endpoint::open(c.opts)?;
     let (mut side, psn) = Side::new(&ep, p, false)?;
     let ours = side.info(&ep, psn);
-    let peer = exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)?;
-    let remote = peer_buffer(&peer, p, &format!("{host}:{port}"))?;
+    let peer = c.handshake(&ours, p.same_run())?;
+    let remote = peer_buffer(&peer, p, &c.server_name())?;
     ep.connect(&side.qp, psn, &peer)?;
-    let _phase = crate::phase::data(opts.fault)?;
+    let _phase = crate::phase::data(c.opts.fault)?;
     let mut rtts = Vec::with_capacity(p.iterations as usize);
     let start = Instant::now();
     for n in 1..=u64::from(p.iterations) {
@@ -286,8 +273,7 @@ pub fn client(
     let total = start.elapsed();
     side.drain()?;
     side.check(u64::from(p.iterations), true)?;
-    let n = u64::from(p.iterations);
-    let totals = Totals::new(total, n, side.comp.wait_time(), n, n);
+    let totals = Totals::ping_pong(total, p.iterations, side.comp.wait_time());
     Ok(Report {
         run: Run::new("client", &ep, p.iterations, totals),
         size: p.size,

@@ -8,16 +8,16 @@
 //! 8-byte LOCAL_WRITE region. The client's regions are LOCAL_WRITE only.
 
 use std::fmt::Write as _;
-use std::net::TcpListener;
 use std::time::Instant;
 
 use serde::Serialize;
 
 use crate::completion::{expect, post_and_wait};
-use crate::endpoint::{Endpoint, EndpointOptions, Fault, random_psn};
+use crate::endpoint::{Endpoint, Fault, random_psn};
 use crate::error::DemoError;
-use crate::exchange::{self, Demo, ExchangeError, RemoteBuf};
+use crate::exchange::{Demo, ExchangeError, RemoteBuf};
 use crate::report::Run;
+use crate::role::{Client, Server};
 use crate::stats::{self, Summary, Totals};
 use crate::verbs::{Access, MemoryRegion, SendOp, WcOpcode};
 
@@ -55,15 +55,7 @@ pub struct Report {
 
 impl Report {
     pub fn render(&self) -> String {
-        let run = &self.run;
-        let title = format!(
-            "{} {}: RDMA WRITE/READ, {} B x {} iterations, {} mode",
-            run.role,
-            run.device,
-            self.size,
-            run.iterations,
-            run.mode.name()
-        );
+        let title = self.run.sized_title(": RDMA WRITE/READ", self.size, None);
         let mut details = String::new();
         if let Some(first) = &self.first_read {
             let _ = writeln!(
@@ -72,27 +64,20 @@ impl Report {
             );
         }
         let _ = writeln!(details, "bytes verified: {}", self.bytes_verified);
-        let mut out = run.render(&title, &details, "one WRITE + one READ per iteration");
-        for (name, s) in [("RDMA WRITE", &self.write_us), ("RDMA READ", &self.read_us)] {
-            if let Some(s) = s {
-                out.push_str(&stats::table(
-                    &format!("{name} latency, post to completion (full, not halved)"),
-                    self.size.into(),
-                    s,
-                ));
-            }
-        }
-        out
+        self.run.render_with_tables(
+            &title,
+            &details,
+            "one WRITE + one READ per iteration",
+            &[("RDMA WRITE", &self.write_us), ("RDMA READ", &self.read_us)],
+            self.size.into(),
+            |name| format!("{name} latency, post to completion (full, not halved)"),
+        )
     }
 }
 
 /// Server: exposes a buffer, waits for the client's final SEND, checks the last pattern.
-pub fn server(
-    opts: &EndpointOptions,
-    listener: &TcpListener,
-    p: Params,
-) -> Result<Report, DemoError> {
-    let ep = Endpoint::open(opts)?;
+pub fn server(s: &Server, p: Params) -> Result<Report, DemoError> {
+    let ep = Endpoint::open(s.opts)?;
     let size = p.size as usize;
     let remote = Access {
         remote_read: true,
@@ -121,16 +106,14 @@ pub fn server(
         0,
         Some(buffer),
     );
-    exchange::server_handshake(listener, &ours, p.same_run(), opts.timeout, |theirs| {
-        ep.connect(&qp, psn, theirs)
-    })?;
-    let _phase = crate::phase::data(opts.fault)?;
+    s.handshake(&ours, p.same_run(), |theirs| ep.connect(&qp, psn, theirs))?;
+    let _phase = crate::phase::data(s.opts.fault)?;
     let start = Instant::now();
     // The client keeps rewriting the buffer: as long as it changes, the client is alive.
     let mut last = vec![0u8; size.min(64)];
     demo.read(0, &mut last);
     let wc = loop {
-        if let Some(wc) = comp.try_next_within(opts.timeout)? {
+        if let Some(wc) = comp.try_next_within(s.opts.timeout)? {
             break wc;
         }
         let mut now = vec![0u8; last.len()];
@@ -184,13 +167,8 @@ pub fn server(
 }
 
 /// Client: READ, then WRITE + READ back + verify per iteration, then the final SEND.
-pub fn client(
-    opts: &EndpointOptions,
-    host: &str,
-    port: u16,
-    p: Params,
-) -> Result<Report, DemoError> {
-    let ep = Endpoint::open(opts)?;
+pub fn client(c: &Client, p: Params) -> Result<Report, DemoError> {
+    let ep = Endpoint::open(c.opts)?;
     let size = p.size as usize;
     // [write source | read destination], both local only.
     let local = MemoryRegion::new(&ep.pd, 2 * size, Access::LOCAL_WRITE)?;
@@ -199,7 +177,7 @@ pub fn client(
     let mut comp = ep.completions(cq)?;
     let psn = random_psn();
     let ours = ep.local_info(Demo::WriteRead, &qp, psn, p.iterations, p.size, 0, None);
-    let peer = exchange::client_handshake(host, port, &ours, p.same_run(), opts.timeout)?;
+    let peer = c.handshake(&ours, p.same_run())?;
     let remote = match peer.buffer {
         Some(b) if b.len == p.size && ep.fault == Some(Fault::BadRkey) => RemoteBuf {
             rkey: b.rkey ^ 0x5a5a_5a5a,
@@ -208,7 +186,7 @@ pub fn client(
         Some(b) if b.len == p.size => b,
         other => {
             return Err(ExchangeError::Mismatch {
-                peer: format!("{host}:{port}"),
+                peer: c.server_name(),
                 what: format!(
                     "the server exposes {:?}, want a {}-byte buffer",
                     other, p.size
@@ -218,7 +196,7 @@ pub fn client(
         }
     };
     ep.connect(&qp, psn, &peer)?;
-    let _phase = crate::phase::data(opts.fault)?;
+    let _phase = crate::phase::data(c.opts.fault)?;
 
     let mut op = |wr_id, sop, off, what: &str| {
         post_and_wait(&mut comp, &qp, wr_id, sop, &local, off, p.size, &|| {
@@ -269,13 +247,7 @@ pub fn client(
     let what = || "the final SEND".to_string();
     post_and_wait(&mut comp, &qp, WR_DONE, SendOp::Send, &local, 0, 8, &what)?;
     let ops = 2 * u64::from(p.iterations) + 1;
-    let totals = Totals::new(
-        total,
-        u64::from(p.iterations),
-        comp.wait_time(),
-        ops + 1,
-        ops,
-    );
+    let totals = Totals::one_sided_client(total, p.iterations, comp.wait_time(), ops);
     Ok(Report {
         run: Run::new("client", &ep, p.iterations, totals),
         size: p.size,

@@ -318,15 +318,18 @@ fn wait_data_phase(child: &mut Running) {
     );
 }
 
-/// Asserts `out` ended with exit code `code` and one error line; returns that line.
-fn failed_with(out: &Output, code: i32) -> String {
+/// Asserts that rdma-demo exited with `code` and one stderr line that contains each of `says`.
+fn assert_failed(out: &Output, code: i32, says: &[&str]) {
     assert_eq!(
         out.status.code(),
         Some(code),
         "stderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    one_error_line(out)
+    let line = one_error_line(out);
+    for part in says {
+        assert!(line.contains(part), "want {part:?} in: {line}");
+    }
 }
 
 fn one_error_line(out: &Output) -> String {
@@ -567,20 +570,16 @@ fn one_sided_servers_do_not_spin_in_poll_mode() {
 #[test]
 fn unknown_device_in_a_demo() {
     let out = rdma_demo(&["pingpong", "-d", "nosuchdev", "127.0.0.1", "-p", "1"]);
-    let line = failed_with(&out, 3);
-    assert!(
-        line.contains("\"nosuchdev\"") && line.contains("rxe0, rxe1"),
-        "{line}"
-    );
+    assert_failed(&out, 3, &["\"nosuchdev\"", "rxe0, rxe1"]);
 }
 
 #[test]
 fn gid_index_out_of_range_or_empty() {
     let with_gid = |g| rdma_demo(&["pingpong", "-d", "rxe0", "-x", g, "127.0.0.1", "-p", "1"]);
     let out = with_gid("999");
-    assert!(failed_with(&out, 4).contains("GID index 999 is out of range"));
+    assert_failed(&out, 4, &["GID index 999 is out of range"]);
     let out = with_gid("200");
-    assert!(failed_with(&out, 4).contains("GID index 200 of rxe0 port 1 is empty"));
+    assert_failed(&out, 4, &["GID index 200 of rxe0 port 1 is empty"]);
 }
 
 /// Runs rdma-demo with `args` until it exits; returns its output and the time from when it had
@@ -599,30 +598,14 @@ fn time_after_setup(args: &[&str]) -> (Output, Duration) {
 #[test]
 fn connect_refused_and_accept_timeout() {
     // --timeout 1, not the default 10 s: over well before 8 s once set up.
-    let (out, took) = time_after_setup(&[
-        "pingpong",
-        "-d",
-        "rxe0",
-        "-p",
-        "1",
-        "--timeout",
-        "1",
-        "127.0.0.1",
-    ]);
-    assert!(took < Duration::from_secs(8), "{took:?}");
-    assert!(failed_with(&out, 5).contains("Connection refused"));
-    let (out, took) = time_after_setup(&[
-        "pingpong",
-        "--server",
-        "-d",
-        "rxe0",
-        "-p",
-        "18611",
-        "--timeout",
-        "1",
-    ]);
-    assert!(took < Duration::from_secs(8), "{took:?}");
-    assert!(failed_with(&out, 5).contains("no client connected"));
+    let fails_in_time = |args: &[&str], says: &str| {
+        let (out, took) =
+            time_after_setup(&[&["pingpong", "-d", "rxe0", "--timeout", "1"], args].concat());
+        assert!(took < Duration::from_secs(8), "{took:?}");
+        assert_failed(&out, 5, &[says]);
+    };
+    fails_in_time(&["-p", "1", "127.0.0.1"], "Connection refused");
+    fails_in_time(&["--server", "-p", "18611"], "no client connected");
 }
 
 fn connect_retrying(port: u16) -> std::net::TcpStream {
@@ -636,8 +619,9 @@ fn connect_retrying(port: u16) -> std::net::TcpStream {
     panic!("server on port {port} never listened");
 }
 
-/// The server gets `bytes` from a raw TCP client, then the client closes.
-fn server_fed(port: u16, bytes: &[u8], keep_open: bool) -> (Output, Duration) {
+/// A pingpong server on rxe1 and `port` with `--timeout timeout`, and a raw TCP client
+/// connected to it (in place of an rdma-demo client).
+fn server_with_raw_client(port: u16, timeout: &str) -> (Running, std::net::TcpStream) {
     let p = port.to_string();
     let server = spawn(&[
         "pingpong",
@@ -647,9 +631,14 @@ fn server_fed(port: u16, bytes: &[u8], keep_open: bool) -> (Output, Duration) {
         "-p",
         &p,
         "--timeout",
-        "2",
+        timeout,
     ]);
-    let mut s = connect_retrying(port);
+    (server, connect_retrying(port))
+}
+
+/// The server gets `bytes` from a raw TCP client, then the client closes.
+fn server_fed(port: u16, bytes: &[u8], keep_open: bool) -> (Output, Duration) {
+    let (server, mut s) = server_with_raw_client(port, "2");
     s.write_all(bytes).unwrap();
     if !keep_open {
         drop(s);
@@ -664,31 +653,27 @@ fn server_fed(port: u16, bytes: &[u8], keep_open: bool) -> (Output, Duration) {
 fn garbage_ends_the_server_with_a_clear_error() {
     let (out, took) = server_fed(18612, b"GET / HTTP/1.0\r\n\r\n", true);
     assert!(took < Duration::from_secs(4), "{took:?}");
-    let line = failed_with(&out, 6);
-    assert!(
-        line.contains("malformed message") && line.contains("bad magic"),
-        "{line}"
-    );
+    assert_failed(&out, 6, &["malformed message", "bad magic"]);
 }
 
 #[test]
 fn bad_exchange_messages() {
     // Wrong version, oversized, truncated (then closed), and nothing at all (closed).
     let (out, _) = server_fed(18613, b"RDMO\x00\x07\x00\x3c", true);
-    assert!(failed_with(&out, 6).contains("unsupported protocol version 7"));
+    assert_failed(&out, 6, &["unsupported protocol version 7"]);
     let (out, _) = server_fed(18614, b"RDMO\x00\x01\xff\xff", true);
-    assert!(failed_with(&out, 6).contains("oversized message"));
+    assert_failed(&out, 6, &["oversized message"]);
     let (out, _) = server_fed(18615, b"RDMO\x00\x01\x00\x3c\x01\x00", false);
-    assert!(failed_with(&out, 6).contains("truncated message"));
+    assert_failed(&out, 6, &["truncated message"]);
     let (out, _) = server_fed(18616, b"", false);
-    assert!(failed_with(&out, 6).contains("closed the connection during the exchange"));
+    assert_failed(&out, 6, &["closed the connection during the exchange"]);
     // Silent peer: the exchange times out.
     let (out, took) = server_fed(18617, b"RDMO", true);
     assert!(took < Duration::from_secs(5), "{took:?}");
-    let line = failed_with(&out, 6);
-    assert!(
-        line.contains("sent 4 of the 68 bytes of its message within 2 s"),
-        "{line}"
+    assert_failed(
+        &out,
+        6,
+        &["sent 4 of the 68 bytes of its message within 2 s"],
     );
 }
 
@@ -696,17 +681,7 @@ fn bad_exchange_messages() {
 /// one per read (which would let it hold the server for 68 × 1 s).
 #[test]
 fn a_slow_drip_peer_is_cut_off_at_the_deadline_of_the_whole_message() {
-    let server = spawn(&[
-        "pingpong",
-        "--server",
-        "-d",
-        "rxe1",
-        "-p",
-        "18623",
-        "--timeout",
-        "1",
-    ]);
-    let mut s = connect_retrying(18623);
+    let (server, mut s) = server_with_raw_client(18623, "1");
     let start = Instant::now();
     let drip = std::thread::spawn(move || {
         for &b in b"RDMO\x00\x01\x00\x3c".iter().chain(&[0u8; 60]) {
@@ -719,8 +694,7 @@ fn a_slow_drip_peer_is_cut_off_at_the_deadline_of_the_whole_message() {
     let (out, _) = wait_within(server, Duration::from_secs(10), "server");
     let took = start.elapsed();
     assert!(took < Duration::from_secs(4), "{took:?}");
-    let line = failed_with(&out, 6);
-    assert!(line.contains("bytes of its message within 1 s"), "{line}");
+    assert_failed(&out, 6, &["bytes of its message within 1 s"]);
     drip.join().unwrap();
 }
 
@@ -740,9 +714,9 @@ fn mtu_mismatch_fails_both_sides() {
         "10",
         "127.0.0.1",
     ]);
-    assert!(failed_with(&out, 6).contains("MTU mismatch: ours is 1024"));
+    assert_failed(&out, 6, &["MTU mismatch: ours is 1024"]);
     let (s, _) = wait_within(server, Duration::from_secs(10), "server");
-    assert!(failed_with(&s, 6).contains("MTU mismatch: ours is 512"));
+    assert_failed(&s, 6, &["MTU mismatch: ours is 512"]);
 }
 
 #[test]
@@ -835,21 +809,17 @@ fn with_fault(demo: &str, fault: &str) -> Output {
 #[test]
 fn remote_access_error_is_reported() {
     let out = with_fault("write-read", "bad-rkey");
-    let line = failed_with(&out, 8);
-    assert!(
-        line.contains(
-            "client: the first RDMA READ: work completion with error status \"remote access error\""
-        ),
-        "{line}"
+    assert_failed(
+        &out,
+        8,
+        &["client: the first RDMA READ: work completion with error status \"remote access error\""],
     );
 }
 
 #[test]
 fn failed_qp_transition_names_it_and_the_errno() {
     let out = with_fault("pingpong", "bad-sgid");
-    let line = failed_with(&out, 1);
-    assert!(line.contains("ibv_modify_qp(INIT->RTR)"), "{line}");
-    assert!(line.contains("(os error "), "{line}");
+    assert_failed(&out, 1, &["ibv_modify_qp(INIT->RTR)", "(os error "]);
 }
 
 /// Brings `vb` back up (and waits for rxe1's RoCE v2 GID) even if the test fails.
@@ -888,11 +858,7 @@ fn port_not_active() {
         std::thread::sleep(Duration::from_millis(100));
         out = client();
     }
-    let line = failed_with(&out, 4);
-    assert!(
-        line.contains("rxe1 port 1 is PORT_DOWN, not PORT_ACTIVE"),
-        "{line}"
-    );
+    assert_failed(&out, 4, &["rxe1 port 1 is PORT_DOWN, not PORT_ACTIVE"]);
 }
 
 fn check_atomic(mode: &str, clients: &str) {

@@ -175,12 +175,8 @@ enum Cmd {
 
 fn main() -> ExitCode {
     startup::begin();
-    let argv: Vec<String> = std::env::args_os()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    if let Some(rule) = rdma_demo::flags::deprecated(&argv, RENAMED) {
-        eprintln!("rdma-trace: {}", rule.message);
-        return ExitCode::from(exit::USAGE);
+    if let Some(code) = rdma_demo::flags::refuse_renamed("rdma-trace", RENAMED) {
+        return code;
     }
     let cli = Cli::parse();
     verbosity::init(cli.verbose, std::env::var("RUST_LOG").ok().as_deref());
@@ -299,14 +295,8 @@ mod tests {
     #[test]
     fn a_short_flag_means_one_long_flag_in_every_subcommand() {
         use clap::CommandFactory as _;
-        assert_eq!(
-            rdma_demo::flags::short_flag_clashes(&Cli::command()),
-            Vec::<String>::new()
-        );
         // bpftrace/BCC's letters, and perftest's for the demo's flags.
-        let mut cmd = Cli::command();
-        cmd.build();
-        for (sub, short, long) in [
+        let letters = [
             ("run", 'p', "pid"),
             ("cq", 'p', "pid"),
             ("run", 'c', "command"),
@@ -318,13 +308,8 @@ mod tests {
             ("run", 's', "size"),
             ("verify", 's', "size"),
             ("irq", 'm', "match"),
-        ] {
-            let sub_cmd = cmd.find_subcommand(sub).unwrap();
-            let arg = sub_cmd
-                .get_arguments()
-                .find(|a| a.get_short() == Some(short));
-            assert_eq!(arg.and_then(|a| a.get_long()), Some(long), "{sub} -{short}");
-        }
+        ];
+        let cmd = rdma_demo::flags::check_short_flags(&Cli::command(), &letters);
         // --duration has no short anywhere; --json takes a path everywhere.
         for sub in cmd.get_subcommands() {
             for arg in sub.get_arguments() {
@@ -341,19 +326,10 @@ mod tests {
         }
     }
 
-    fn refused(line: &str) -> Option<&'static str> {
-        let argv: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
-        rdma_demo::flags::deprecated(&argv, RENAMED).map(|r| r.message)
-    }
-
     #[test]
     fn old_spellings_name_the_new_flag() {
         use clap::CommandFactory as _;
-        assert_eq!(
-            rdma_demo::flags::stale_rules(&Cli::command(), RENAMED),
-            Vec::<String>::new()
-        );
-        for (line, says) in [
+        let refused = [
             (
                 "rdma-trace run -i 100",
                 "-i is now -n (--iterations), as in perftest",
@@ -389,14 +365,8 @@ mod tests {
                 "rdma-trace run --demo ./rdma-demo",
                 "--demo is now --demo-binary",
             ),
-        ] {
-            assert_eq!(
-                refused(line).map(|m| m.contains(says)),
-                Some(true),
-                "{line}"
-            );
-        }
-        for line in [
+        ];
+        let accepted = [
             "rdma-trace run -n 100 -s 64 -d rxe1",
             "rdma-trace run -p 1 --duration 5",
             "rdma-trace run --no-tui -- ib_send_lat -s 64 -i 1 -d rxe0",
@@ -405,10 +375,8 @@ mod tests {
             "rdma-trace cq -p 1 --json -",
             "rdma-trace probes --json out.json",
             "rdma-trace verify --demo atomic -- -i 5",
-        ] {
-            assert_eq!(refused(line), None, "{line}");
-            Cli::try_parse_from(line.split_whitespace()).unwrap();
-        }
+        ];
+        rdma_demo::flags::check_renamed(&Cli::command(), RENAMED, &refused, &accepted);
     }
 
     #[test]
@@ -472,13 +440,7 @@ mod tests {
     #[test]
     fn help_lists_the_exit_codes_of_both_binaries() {
         use clap::CommandFactory as _;
-        let help = Cli::command().render_long_help().to_string();
-        for (code, name) in rdma_demo::error::exit::ALL {
-            assert!(
-                help.lines().any(|l| l.starts_with(&format!("  {code} "))),
-                "{name} ({code}) is not in --help:\n{help}"
-            );
-        }
+        rdma_demo::flags::check_exit_codes_help(&Cli::command().render_long_help().to_string());
         let run = Cli::command()
             .find_subcommand_mut("run")
             .unwrap()
