@@ -603,30 +603,26 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf], label: &str) -> Resu
             .last()
             .is_some_and(|l| l.starts_with("test result: ok"))
     });
+    // Every summary line and every panic, for a failure's message.
+    let everything = || {
+        summaries
+            .iter()
+            .chain(&panics)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
     if !not_passed.is_empty() {
         bail!(
             "guest tests passed only when run again, and are not on the quarantine list ({QUARANTINE}): {}; {}",
             not_passed.join(", "),
-            summaries
-                .iter()
-                .chain(&panics)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("; ")
+            everything()
         );
     }
     // A kernel that panicked after the last runner finished leaves no status: the runners'
     // own results decide then.
     if (code != 0 && code != vm::EXIT_NO_STATUS) || !all_passed {
-        bail!(
-            "guest tests failed (status {code}): {}",
-            summaries
-                .iter()
-                .chain(&panics)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join("; ")
-        );
+        bail!("guest tests failed (status {code}): {}", everything());
     }
     summaries.extend(panics);
     Ok(summaries)

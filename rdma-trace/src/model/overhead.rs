@@ -170,19 +170,7 @@ impl Overhead {
         if let Some(a) = &self.tracing_adds {
             out.push_str(&format!("  {}\n", a.render()));
         }
-        out.push_str(&format!(
-            "  {:<18} {:<28} {:>10} {:>10}\n",
-            "program", "attached to", "runs", "ns/run"
-        ));
-        for p in &self.programs {
-            out.push_str(&format!(
-                "  {:<18} {:<28} {:>10} {:>10}\n",
-                p.name,
-                p.target,
-                p.runs,
-                p.ns_per_run.map_or("-".to_owned(), |v| format!("{v:.0}"))
-            ));
-        }
+        out.push_str(&self.cost_table());
         out
     }
 }
