@@ -264,9 +264,19 @@ impl Budget<'_> {
         added(&costs(&o.programs, self.calibration), round_trips, rtt_us)
     }
 
-    /// The report's lines about the budget.
-    pub fn verdict(&self, added: Option<&Added>, dropped: &[Dropped]) -> String {
+    /// The report's lines about the budget, for a window's `overhead`. Without the kernel's
+    /// BPF run-time statistics the programs' own time is unknown: no verdict then, never
+    /// "within".
+    pub fn verdict(&self, overhead: &Overhead, dropped: &[Dropped]) -> String {
         let mut out = String::new();
+        if overhead.stats.starts_with("unavailable") {
+            out.push_str(&format!(
+                "  no verdict on the {} % overhead budget: the BPF run-time statistics are off ({})\n",
+                self.percent, overhead.stats
+            ));
+            return out;
+        }
+        let added = overhead.tracing_adds.as_ref();
         if !dropped.is_empty() {
             out.push_str(&render_drops(dropped, self.percent));
             out.push_str("  (the estimate above counts what is left after the drop)\n");
@@ -294,6 +304,36 @@ impl Budget<'_> {
 mod tests {
     use super::*;
     use crate::bpf::calibrate::MechanismCost;
+
+    /// The truth: an estimate under the budget, with and without the kernel's statistics.
+    #[test]
+    fn no_within_budget_verdict_without_the_bpf_statistics() {
+        let c = costs(&[prog("kentry_0", "f", 100, 1_000)], None);
+        let o = |stats: &str| Overhead {
+            stats: stats.to_owned(),
+            programs: Vec::new(),
+            bpf_cpu_percent: 0.0,
+            loader_cpu_percent: 0.0,
+            loader_peak_rss_kib: 0,
+            tracing_adds: added(&c, 10, 200.0),
+            hook_hits: None,
+        };
+        let b = Budget {
+            percent: 5.0,
+            enforce: false,
+            calibration: None,
+        };
+        assert_eq!(
+            b.verdict(&o("bpf_enable_stats"), &[]),
+            "  within the 5 % overhead budget\n"
+        );
+        let off = b.verdict(&o("unavailable: EPERM"), &[]);
+        assert!(!off.contains("within"), "{off}");
+        assert!(
+            off.starts_with("  no verdict on the 5 % overhead budget"),
+            "{off}"
+        );
+    }
 
     fn prog(name: &str, target: &str, runs: u64, run_ns: u64) -> ProgramOverhead {
         ProgramOverhead {

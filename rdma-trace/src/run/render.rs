@@ -151,7 +151,7 @@ pub fn phase(
     if let Some(a) = &phase.overhead.tracing_adds {
         out.push_str(&format!("  {}\n", a.render()));
     }
-    out.push_str(&budget.verdict(phase.overhead.tracing_adds.as_ref(), &phase.dropped));
+    out.push_str(&budget.verdict(&phase.overhead, &phase.dropped));
     if let Some(w) = &phase.waterfall {
         out.push_str(&render_waterfall(w));
     }
