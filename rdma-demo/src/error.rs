@@ -49,7 +49,8 @@ pub mod exit {
 
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes (one table for rdma-demo and rdma-trace; no code means two things):
-  0    success; for rdma-trace also a window ended by --duration, Ctrl-C or q, and a --pid
+  0    success; for rdma-trace also a window ended by --duration or q, Ctrl-C ending a
+       collection that runs until stopped (--pid, --all, the periodic views), and a --pid
        run whose processes all exited
   1    runtime failure (a verbs call failed, e.g. a QP transition, or writing the output)
   2    usage error (bad flags; an old spelling names its new flag)

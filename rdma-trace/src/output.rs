@@ -252,6 +252,16 @@ pub fn write_json_if<R: Serialize>(path: Option<&Path>, report: impl FnOnce() ->
     }
 }
 
+/// Prints a report's text: on stdout, or on stderr when `json` is `-` (stdout then carries the
+/// JSON document alone).
+pub fn print_text(json: Option<&Path>, text: &str) {
+    if json == Some(Path::new("-")) {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

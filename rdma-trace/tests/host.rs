@@ -263,7 +263,7 @@ fn run_says_why_without_rdma_and_reports_with_it() {
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            stdout.contains("ib_uverbs_comp_handler") && stdout.contains("overhead: eBPF"),
+            stdout.contains("rdma-trace run: ") && stdout.contains("tracing: eBPF"),
             "no report: {stdout}"
         );
         return;

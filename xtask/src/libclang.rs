@@ -108,17 +108,30 @@ pub fn choose(found: &[(PathBuf, u32)]) -> Choice {
     if newest < FIRST_BAD_VERSION {
         return Choice::Default;
     }
-    found
+    // clang-sys takes the newest libclang of the directory it is pointed at: a directory that
+    // also holds a bad one is no use.
+    let bad_dirs: Vec<&PathBuf> = found
         .iter()
-        .filter(|(_, v)| *v < FIRST_BAD_VERSION)
-        // Highest version; on a tie the first found (the LLVM directory before the multiarch one).
-        .rev()
-        .max_by_key(|(_, v)| *v)
+        .filter(|(_, v)| *v >= FIRST_BAD_VERSION)
+        .map(|(d, _)| d)
+        .collect();
+    let mut good: Vec<&(PathBuf, u32)> = found
+        .iter()
+        .filter(|(d, v)| *v < FIRST_BAD_VERSION && !bad_dirs.contains(&d))
+        .collect();
+    // The newest good version; on a tie an `llvm-N` directory, then the path, so the choice
+    // does not depend on the order the directories were read in.
+    good.sort_by_key(|(d, v)| {
+        (
+            std::cmp::Reverse(*v),
+            !d.to_string_lossy().contains("llvm-"),
+            d.clone(),
+        )
+    });
+    good.first()
         .map_or(Choice::NoneUsable(newest), |(d, _)| Choice::Set(d.clone()))
 }
 
-/// Set `LIBCLANG_PATH` for the cargo commands xtask starts, when the host needs it and the
-/// caller did not set it. Call before any thread starts.
 pub fn configure() {
     if std::env::var_os("LIBCLANG_PATH").is_some() {
         return;
@@ -168,9 +181,28 @@ mod tests {
             Choice::Set(llvm14.clone())
         );
         assert_eq!(
-            choose(&[(llvm14, 14), (llvm15.clone(), 15), (multiarch.clone(), 18)]),
+            choose(&[
+                (llvm14.clone(), 14),
+                (llvm15.clone(), 15),
+                (multiarch.clone(), 18)
+            ]),
             Choice::Set(llvm15)
         );
-        assert_eq!(choose(&[(multiarch, 18)]), Choice::NoneUsable(18));
+        assert_eq!(choose(&[(multiarch.clone(), 18)]), Choice::NoneUsable(18));
+        // The order the directories were read in does not matter: the multiarch directory
+        // also holds a 19, so the llvm-14 one wins whichever comes first.
+        assert_eq!(
+            choose(&[
+                (multiarch.clone(), 14),
+                (multiarch.clone(), 19),
+                (llvm14.clone(), 14)
+            ]),
+            Choice::Set(llvm14.clone())
+        );
+        // Only the multiarch directory has a good one, beside a bad one: none is usable.
+        assert_eq!(
+            choose(&[(multiarch.clone(), 14), (multiarch, 19)]),
+            Choice::NoneUsable(19)
+        );
     }
 }

@@ -650,7 +650,8 @@ impl Quarantine {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            match line.split_once(':') {
+            // Test names hold `::`: the name ends at the first `: `.
+            match line.split_once(": ") {
                 Some((name, why)) if !name.trim().is_empty() && !why.trim().is_empty() => {
                     out.push((name.trim().to_owned(), why.trim().to_owned()))
                 }

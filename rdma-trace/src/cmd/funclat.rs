@@ -103,8 +103,14 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let window = wait_window(args.duration, child.as_mut()).await?;
     let data = session.finish()?;
     let functions = probe_reports(&session, &data, window.seconds);
-    println!("function durations over {:.1} s", window.seconds);
-    print!("{}", render(&functions));
+    crate::output::print_text(
+        args.json.as_deref(),
+        &format!(
+            "function durations over {:.1} s\n{}",
+            window.seconds,
+            render(&functions)
+        ),
+    );
     let status = window.command_status;
     write_json_if(args.json.as_deref(), || Report {
         kernel: kernel.release(),

@@ -1,7 +1,10 @@
 //! `rdma-trace softirqs`: how long each softirq vector runs (NET_RX, TASKLET, ...), from the
 //! `irq:softirq_entry` / `irq:softirq_exit` tracepoints (attached raw: no tracefs needed).
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::Result;
 use rdma_trace_common::{NR_SOFTIRQS, SOFTIRQ_NAMES};
@@ -15,7 +18,7 @@ use crate::{
     model::baseline::delta,
     model::report::{ProbeReport, probe_reports, render},
     model::window::{Waiter, Window, wait_window},
-    output::write_json_if,
+    output::{print_text, write_json_if},
 };
 
 #[derive(clap::Args, Debug)]
@@ -71,14 +74,29 @@ pub async fn run(args: &Args) -> Result<()> {
             .unwrap_or_default()
     );
     let window = match args.interval {
-        Some(interval) => intervals(&session, interval, args.count, args.duration).await?,
+        Some(interval) => {
+            intervals(
+                &session,
+                interval,
+                args.count,
+                args.duration,
+                args.json.as_deref(),
+            )
+            .await?
+        }
         None => wait_window(args.duration, None).await?,
     };
     let data = session.finish()?;
     let vectors = probe_reports(&session, &data, window.seconds);
     if args.interval.is_none() {
-        println!("softirq durations over {:.1} s", window.seconds);
-        print!("{}", render(&vectors));
+        print_text(
+            args.json.as_deref(),
+            &format!(
+                "softirq durations over {:.1} s\n{}",
+                window.seconds,
+                render(&vectors)
+            ),
+        );
     }
     write_json_if(args.json.as_deref(), || Report {
         kernel: kernel.release(),
@@ -95,6 +113,7 @@ async fn intervals(
     interval: Duration,
     count: Option<u32>,
     duration: Option<Duration>,
+    json: Option<&Path>,
 ) -> Result<Window> {
     let mut waiter =
         Waiter::new(duration, None).every(interval, tokio::time::MissedTickBehavior::Delay);
@@ -109,8 +128,13 @@ async fn intervals(
         let after = session.snapshot()?;
         let seconds = (waiter.elapsed() - at).as_secs_f64();
         let vectors = probe_reports(session, &delta(&after, &before), seconds);
-        println!("softirq durations over the last {seconds:.1} s");
-        print!("{}", render(&vectors));
+        print_text(
+            json,
+            &format!(
+                "softirq durations over the last {seconds:.1} s\n{}",
+                render(&vectors)
+            ),
+        );
         (before, at) = (after, waiter.elapsed());
         printed += 1;
         if count.is_some_and(|c| printed >= c) {

@@ -212,8 +212,14 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             stderr.trim()
         ))));
     }
-    println!("--- rdma-demo ---\n{}\n", stdout.trim_end());
-    print!("{}", render(&phases));
+    crate::output::print_text(
+        args.json.as_deref(),
+        &format!(
+            "--- rdma-demo ---\n{}\n\n{}",
+            stdout.trim_end(),
+            render(&phases)
+        ),
+    );
     let data = &phases[PHASE_DATA as usize];
     if data.socket_calls() + data.rdma_calls() + data.other_calls() == 0 {
         bail!(
@@ -223,7 +229,7 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
         );
     }
     let verdict = verdict(data);
-    println!("{verdict}");
+    crate::output::print_text(args.json.as_deref(), &format!("{verdict}\n"));
     if let Some(path) = &args.json {
         let mut command = vec![demo.display().to_string()];
         command.extend(demo_args.iter().cloned());

@@ -5,6 +5,7 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
+    os::fd::AsFd as _,
     path::{Path, PathBuf},
     process::Stdio,
 };
@@ -293,6 +294,7 @@ pub fn spawn(
     program: &Path,
     cmd: &[String],
     hold: bool,
+    stdout_to_stderr: bool,
 ) -> Result<(tokio::process::Child, Option<HeldOutput>)> {
     let io = || {
         if hold {
@@ -300,6 +302,18 @@ pub fn spawn(
         } else {
             Stdio::inherit()
         }
+    };
+    // With `--json -` our stdout carries the JSON document alone: the command writes its
+    // output to our stderr instead.
+    let out = if stdout_to_stderr && !hold {
+        Stdio::from(
+            std::io::stderr()
+                .as_fd()
+                .try_clone_to_owned()
+                .context("duplicating stderr for the command's output")?,
+        )
+    } else {
+        io()
     };
     let mut child = tokio::process::Command::new(program)
         .arg0(&cmd[0])
@@ -309,7 +323,7 @@ pub fn spawn(
         } else {
             Stdio::inherit()
         })
-        .stdout(io())
+        .stdout(out)
         .stderr(io())
         .kill_on_drop(true)
         .spawn()

@@ -260,7 +260,12 @@ pub struct Budget<'a> {
 }
 
 impl Budget<'_> {
+    /// What tracing adds per round trip over `o`'s window; `None` without the kernel's BPF
+    /// run-time statistics (every program's run count reads 0 then, not its real cost).
     pub fn added(&self, o: &Overhead, round_trips: u64, rtt_us: f64) -> Option<Added> {
+        if o.stats_off() {
+            return None;
+        }
         added(&costs(&o.programs, self.calibration), round_trips, rtt_us)
     }
 
@@ -269,7 +274,7 @@ impl Budget<'_> {
     /// "within".
     pub fn verdict(&self, overhead: &Overhead, dropped: &[Dropped]) -> String {
         let mut out = String::new();
-        if overhead.stats.starts_with("unavailable") {
+        if overhead.stats_off() {
             out.push_str(&format!(
                 "  no verdict on the {} % overhead budget: the BPF run-time statistics are off ({})\n",
                 self.percent, overhead.stats
@@ -328,6 +333,14 @@ mod tests {
             "  within the 5 % overhead budget\n"
         );
         let off = b.verdict(&o("unavailable: EPERM"), &[]);
+        // Nor an estimate or hook hits from run counts that read 0.
+        assert!(b.added(&o("unavailable: EPERM"), 10, 200.0).is_none());
+        assert!(
+            o("unavailable: EPERM")
+                .hook_hits(10, "round trip")
+                .is_none()
+        );
+        assert!(b.added(&o("bpf_enable_stats"), 10, 200.0).is_some());
         assert!(!off.contains("within"), "{off}");
         assert!(
             off.starts_with("  no verdict on the 5 % overhead budget"),

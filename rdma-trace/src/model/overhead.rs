@@ -73,7 +73,7 @@ pub struct Overhead {
 impl Overhead {
     /// Program runs per round trip (or per completion event: `per`), by group.
     pub fn hook_hits(&self, round_trips: u64, per: &'static str) -> Option<HookHits> {
-        if round_trips == 0 {
+        if round_trips == 0 || self.stats_off() {
             return None;
         }
         let n = round_trips as f64;
@@ -87,6 +87,12 @@ impl Overhead {
             per_round_trip: by_group.values().sum(),
             by_group,
         })
+    }
+
+    /// The kernel's BPF run-time statistics could not be turned on: run counts and times
+    /// read 0.
+    pub fn stats_off(&self) -> bool {
+        self.stats.starts_with("unavailable")
     }
 
     /// One line: the programs' and the loader's CPU, and the loader's memory.

@@ -2,10 +2,7 @@
 //! report and JSON over any workload instead of the demo, plus per-process counts and the
 //! optional `--timeline`.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    time::Duration,
-};
+use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::{Result, anyhow, bail};
 
@@ -85,8 +82,6 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         Target::All => "the whole system".to_owned(),
     };
     let wf_before = wf.as_ref().map(|w| w.snapshot()).transpose()?;
-    // The processes' counts start with the window, as the probes' do.
-    let procs_before = workload::read_processes(session.bpf().ebpf())?;
     // Everything is attached (the waterfall's start can take seconds): only now is the window
     // open, and "tracing" says so.
     let asked = match &target {
@@ -107,11 +102,14 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     let (mut child, held) = match &target {
         Target::Command(cmd) => {
             let program = workload::resolve_command(&cmd[0])?;
-            let (c, held) = workload::spawn(&program, cmd, live.is_screen())?;
+            let (c, held) =
+                workload::spawn(&program, cmd, live.is_screen(), args.json_on_stdout())?;
             (Some(c), held)
         }
         _ => (None, None),
     };
+    // The processes' counts start with the window, next to the probes' baseline.
+    let procs_before = workload::read_processes(session.bpf().ebpf())?;
     let (window, probes, overhead) = {
         let mut src = WorkloadSource {
             session: &session,
@@ -141,8 +139,12 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         eprint!("{err}");
     }
     let processes = process_reports(&session, &target, &procs_before)?;
-    let timeline =
-        super::timeline::finish(recorder, &processes_names(&processes), wf.as_ref(), args)?;
+    let timeline = super::timeline::finish(
+        recorder,
+        &super::timeline::traced_names(&session)?,
+        wf.as_ref(),
+        args,
+    )?;
     drop(session);
     let waterfall = match (&wf, &wf_before) {
         (Some(w), Some(b)) => Some(crate::waterfall::WaterfallReport::from_snapshot(
@@ -235,10 +237,6 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         );
     }
     Ok(window.command_status)
-}
-
-fn processes_names(p: &[ProcessReport]) -> HashMap<u32, String> {
-    p.iter().map(|p| (p.pid, p.comm.clone())).collect()
 }
 
 /// The traced processes' counts over the window: since `before`, read at its start.

@@ -630,3 +630,26 @@ fn the_default_report_leads_with_its_header_and_fits_in_60_lines() {
     assert!(pos("waterfall of pid") < pos("kernel path, machine-wide, by total time"));
     assert!(report.contains("◀ largest"), "{report}");
 }
+
+#[test]
+fn json_on_stdout_leaves_the_commands_own_output_to_stderr() {
+    let out = rdma_trace(&[
+        "run",
+        "--no-tui",
+        "--json",
+        "-",
+        "--",
+        "sh",
+        "-c",
+        "echo the-command-said-this",
+    ]);
+    out.assert_success("rdma-trace run --json - -- sh -c echo");
+    let doc: Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{}", out.stdout));
+    only_phase(&doc, "command");
+    assert!(
+        out.stderr.contains("the-command-said-this"),
+        "{}",
+        out.stderr
+    );
+}

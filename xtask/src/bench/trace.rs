@@ -112,7 +112,7 @@ demo_running() {{
                     let _ = writeln!(
                         s,
                         "T0=$(now); BENCH_PREFIX={p} timeout 600 rdma-trace run --no-tui{waterfall} --mode both \
-                         -n {ITERATIONS} -s {SIZE} --demo-binary /tmp/bench/demo.sh > {p}.out 2> {p}.err & TP=$!\n\
+                         -n {ITERATIONS} -s {SIZE} --demo-binary /tmp/bench/demo.sh --json {p}.json > {p}.out 2> {p}.err & TP=$!\n\
                          echo $T0 > {p}.start\n\
                          wait_mark {p}.err '{OURS_MARK}' $TP && snap {p}-attach $TP short\n\
                          wait $TP; echo \"{round},{v},$?\" >> $R/runs.csv"
@@ -250,10 +250,10 @@ fn peak_rss_kib(status: &str) -> Option<f64> {
 /// (run count, run time ns), from one snapshot's bpftool views.
 fn bpf_by_point(prefix: &str, dir: &Path) -> BTreeMap<String, (u64, u64)> {
     let mut out = BTreeMap::new();
-    // rdma-trace's report (`<run>.out`, the prefix without its mode) lists its programs.
+    // rdma-trace's JSON report (`<run>.json`, the prefix without its mode) lists its programs.
     let run = prefix.rsplit_once('-').map_or(prefix, |(run, _)| run);
-    let functions = fs::read_to_string(dir.join(format!("{run}.out")))
-        .map(|t| program_functions(&t))
+    let functions = read_json(&dir.join(format!("{run}.json")))
+        .map(|r| program_functions(&r))
         .unwrap_or_default();
     let Some(progs) = read_json(&dir.join(format!("{prefix}.prog.json"))) else {
         return out;
@@ -306,14 +306,17 @@ fn bpf_by_point(prefix: &str, dir: &Path) -> BTreeMap<String, (u64, u64)> {
     out
 }
 
-/// `kentry_N` / `kreturn_N` → function, from the program table rdma-trace prints
-/// (`  kentry_7           rxe_cq_post      4000    2380`).
-fn program_functions(report: &str) -> BTreeMap<String, String> {
-    report
-        .lines()
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            let (prog, function) = (it.next()?, it.next()?);
+/// `kentry_N` / `kreturn_N` → function, from the programs of rdma-trace's JSON report
+/// (`phases[].overhead.programs[]`: `name`, `target`).
+fn program_functions(report: &serde_json::Value) -> BTreeMap<String, String> {
+    report["phases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["overhead"]["programs"].as_array())
+        .flatten()
+        .filter_map(|p| {
+            let (prog, function) = (p["name"].as_str()?, p["target"].as_str()?);
             (prog.starts_with("kentry_") || prog.starts_with("kreturn_"))
                 .then(|| (prog.to_owned(), function.to_owned()))
         })
@@ -874,12 +877,12 @@ mod tests {
 
     #[test]
     fn kernel_function_programs_get_their_attach_point() {
-        let report = "\
-  kentry_0           ib_uverbs_comp_handler             3816       2409
-  kreturn_7          rxe_cq_post                        4000       3007
-  softirq_entry      raw_tp softirq_entry              12361       6997
-";
-        let f = program_functions(report);
+        let report = serde_json::json!({"phases": [{"overhead": {"programs": [
+            {"name": "kentry_0", "target": "ib_uverbs_comp_handler", "runs": 3816},
+            {"name": "kreturn_7", "target": "rxe_cq_post", "runs": 4000},
+            {"name": "softirq_entry", "target": "raw_tp softirq_entry", "runs": 12361},
+        ]}}]});
+        let f = program_functions(&report);
         assert_eq!(f.len(), 2);
         assert_eq!(
             kernel_function_point("kentry_0", &f).as_deref(),
