@@ -282,6 +282,26 @@ impl Waterfall {
     }
 
     /// One line per program: attached, or why not.
+    /// `9 programs attached; 2 skipped (mlx5: not in use here)`: the start-up line without -v.
+    pub fn attach_summary(&self) -> String {
+        let attached = self.notes.iter().filter(|n| n.skipped.is_none()).count();
+        let skipped: Vec<&str> = self
+            .notes
+            .iter()
+            .filter(|n| n.skipped.is_some())
+            .map(|n| n.program)
+            .collect();
+        if skipped.is_empty() {
+            format!("{attached} programs attached")
+        } else {
+            format!(
+                "{attached} programs attached; skipped {} ({}; -v says why)",
+                skipped.len(),
+                skipped.join(", ")
+            )
+        }
+    }
+
     pub fn attach_table(&self) -> String {
         let mut out = String::new();
         for n in &self.notes {
@@ -526,7 +546,12 @@ pub fn start_or_explain(off: bool, sample: usize, timeline: usize) -> Option<Wat
     }
     match Waterfall::start(sample, timeline) {
         Ok(w) => {
-            eprint!("rdma-trace: completion waterfall:\n{}", w.attach_table());
+            // Its programs one a line with -v; one line otherwise.
+            if crate::verbosity::level() > 0 {
+                eprint!("rdma-trace: completion waterfall:\n{}", w.attach_table());
+            } else {
+                eprintln!("rdma-trace: completion waterfall: {}", w.attach_summary());
+            }
             Some(w)
         }
         Err(e) => {
