@@ -315,10 +315,15 @@ fn run_cmd_rping_pair_reads_completion_events_with_a_waterfall_per_side() {
 }
 
 /// qperf's `rc_lat` over rdma_cm (`-cm1`): the server (`qperf`, listening on TCP for its
-/// clients) and a client on rxe0 that measures `-n` round trips to 10.9.0.2 (rxe1). qperf
-/// waits for completions on a completion channel unless told to poll (`-cp1`): both the
-/// client and the server's process that ran the test read completion events, each with its
-/// waterfall. The server does not end by itself; the command stops it once the client is done.
+/// clients) and a client on rxe0 that measures round trips to 10.9.0.2 (rxe1). qperf waits for
+/// completions on a completion channel unless told to poll (`-cp1`).
+///
+/// Ignored: in the 6.1 guest the pair does not run even without rdma-trace. The first
+/// `qperf 10.9.0.2 -lp 19999 -cm1 rc_lat` hung until `timeout 60` ended it (143), the next ones
+/// failed with `failed to receive RDMA CM TCP IPv4 server port: timed out`, and without `-cm1`
+/// with `failed to receive node information: timed out`; under rdma-trace the wait for the
+/// server's TCP port in /proc/net/tcp gave up (status 99, it may listen on IPv6 only).
+#[ignore = "qperf rc_lat does not complete in the guest yet, without rdma-trace too"]
 #[test]
 fn run_cmd_qperf_rc_lat_pair_reads_completion_events_with_a_waterfall_per_side() {
     let (msgs, port) = (500u64, 18_612);
