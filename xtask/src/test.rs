@@ -824,7 +824,7 @@ watchdog() { # log exe
     if [ $idle -ge $IDLE ]; then
       echo "== no test finished for $IDLE s: stopping the runner and what it spawned" >> "$1"
       pkill -9 -f "^$2"; pkill -9 rdma-trace; pkill -9 rdma-demo
-      pkill -9 ibv_rc_pingpong; pkill -9 ib_send_lat
+      pkill -9 ibv_rc_pingpong; pkill -9 ib_send_lat; pkill -9 rping; pkill -9 qperf
       return
     fi
   done

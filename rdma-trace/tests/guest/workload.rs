@@ -12,7 +12,8 @@ use serde_json::Value;
 use super::{
     RDMA_TRACE,
     harness::{
-        KillOnDrop, kernel_release, probe, rdma_trace, run_demo, run_json, signal, wait_tracing,
+        KillOnDrop, find_by, kernel_release, probe, rdma_trace, run_demo, run_json, signal,
+        wait_tracing,
     },
     kprobes_left, read_json, roce_v2_gid_index, temp_json, wait_timeout,
 };
@@ -235,6 +236,117 @@ fn run_cmd_exits_with_the_commands_status_and_names_its_children() {
         report["processes"]
     );
     assert_eq!(processes(report, "sh").len(), 1, "{}", report["processes"]);
+}
+
+/// A shell line that waits (up to 60 s) until an rdma_cm id listens on `port` (its
+/// `rdma res show cm_id` line: `state LISTEN`, `src-addr ADDR:PORT`).
+fn wait_cm_listen(port: u16) -> String {
+    format!(
+        "i=0; until /usr/bin/rdma res show cm_id | grep 'state LISTEN' | grep -q ':{port} '; do \
+         i=$((i+1)); [ $i -gt 600 ] && exit 99; sleep 0.1; done"
+    )
+}
+
+/// `server & wait until LISTEN; client`, as one CMD, with the status of [`pair`].
+fn cm_pair(server: &str, client: &str, listen: &str) -> String {
+    format!(
+        "{server} & s=$!; {listen} ; {client}; c=$?; wait $s; w=$?; [ $c -ne 0 ] && exit $c; exit $w"
+    )
+}
+
+/// The traced processes named `comm` that read completion events, each with its waterfall
+/// (`waterfall.processes`, by pid) of events > 0; `want` of them.
+fn with_events_and_waterfall<'a>(report: &'a Value, comm: &str, want: usize) -> Vec<&'a Value> {
+    let procs: Vec<&Value> = processes(report, comm)
+        .into_iter()
+        .filter(|p| p["completion_events_read"].as_u64().expect("events read") > 0)
+        .collect();
+    assert_eq!(procs.len(), want, "{comm}: {}", report["processes"]);
+    let waterfall = report["waterfall"]["processes"]
+        .as_array()
+        .expect("waterfall processes");
+    for p in &procs {
+        let w = find_by(waterfall, "pid", p["pid"].clone())
+            .unwrap_or_else(|| panic!("no waterfall for {p}: {waterfall:?}"));
+        assert_eq!(w["comm"], comm, "{w}");
+        let events = w["events"].as_u64().expect("waterfall events");
+        assert!(events > 0, "{w}");
+        // The waterfall counts the events the process waited for, which it then read.
+        let read = p["completion_events_read"].as_u64().unwrap();
+        assert!(events <= read + 2, "waterfall {events}, read {read}: {w}");
+    }
+    procs
+}
+
+/// rping (librdmacm's ping: rdma_cm connection, a completion channel read by its cq thread)
+/// between rxe1 (server, 10.9.0.2) and rxe0 (client, bound to 10.9.0.1), under `run -- CMD`.
+/// Each ping is a SEND, an RDMA READ, a SEND, an RDMA WRITE and a SEND between the two sides,
+/// each side blocking in `ibv_get_cq_event` for its completions: both processes read completion
+/// events, and each gets its own waterfall.
+#[test]
+fn run_cmd_rping_pair_reads_completion_events_with_a_waterfall_per_side() {
+    let (count, port) = (200u64, 18_611);
+    let cmd = cm_pair(
+        &format!("timeout 180 rping -s -a 10.9.0.2 -p {port} -C {count} >/dev/null"),
+        &format!("timeout 180 rping -c -a 10.9.0.2 -I 10.9.0.1 -p {port} -C {count} >/dev/null"),
+        &wait_cm_listen(port),
+    );
+    let (status, stdout, doc) = run_cmd(&[], &cmd, "rping");
+    let report = only_phase(&doc, "command");
+    assert_eq!(status, Some(0), "rping pair (timeout: 124): {stdout}");
+    assert_eq!(report["window"]["ended_by"], "command");
+    assert_eq!(report["window"]["command_status"], 0);
+    assert_eq!(report["completion_mode"], "completion events");
+    let handled = probe_count(report, "ib_uverbs_comp_handler");
+    let both = with_events_and_waterfall(report, "rping", 2);
+    assert_ne!(both[0]["pid"], both[1]["pid"]);
+    let mut read = 0;
+    for p in &both {
+        let n = p["completion_events_read"].as_u64().unwrap();
+        assert!(n >= count, "{count} pings: {p}");
+        read += n;
+    }
+    assert!(read <= handled + 2, "{read} read, {handled} queued");
+    assert!(
+        stdout.contains("completion mode seen: completion events"),
+        "{stdout}"
+    );
+    assert!(kprobes_left().trim().is_empty(), "{}", kprobes_left());
+}
+
+/// qperf's `rc_lat` over rdma_cm (`-cm1`): the server (`qperf`, listening on TCP for its
+/// clients) and a client on rxe0 that measures round trips to 10.9.0.2 (rxe1). qperf waits for
+/// completions on a completion channel unless told to poll (`-cp1`).
+///
+/// Ignored: in the 6.1 guest the pair does not run even without rdma-trace. The first
+/// `qperf 10.9.0.2 -lp 19999 -cm1 rc_lat` hung until `timeout 60` ended it (143), the next ones
+/// failed with `failed to receive RDMA CM TCP IPv4 server port: timed out`, and without `-cm1`
+/// with `failed to receive node information: timed out`; under rdma-trace the wait for the
+/// server's TCP port in /proc/net/tcp gave up (status 99, it may listen on IPv6 only).
+#[ignore = "qperf rc_lat does not complete in the guest yet, without rdma-trace too"]
+#[test]
+fn run_cmd_qperf_rc_lat_pair_reads_completion_events_with_a_waterfall_per_side() {
+    let (msgs, port) = (500u64, 18_612);
+    let cmd = format!(
+        "qperf -lp {port} >/dev/null 2>&1 & s=$!; {}; timeout 180 qperf 10.9.0.2 -lp {port} -cm1 \
+         -n {msgs} rc_lat; c=$?; kill $s; wait $s; exit $c",
+        wait_port(port)
+    );
+    let (status, stdout, doc) = run_cmd(&[], &cmd, "qperf");
+    let report = only_phase(&doc, "command");
+    assert_eq!(status, Some(0), "qperf rc_lat (timeout: 124): {stdout}");
+    assert!(stdout.contains("latency"), "{stdout}");
+    assert_eq!(report["window"]["command_status"], 0);
+    assert_eq!(report["completion_mode"], "completion events");
+    let handled = probe_count(report, "ib_uverbs_comp_handler");
+    let both = with_events_and_waterfall(report, "qperf", 2);
+    let mut read = 0;
+    for p in &both {
+        let n = p["completion_events_read"].as_u64().unwrap();
+        assert!(n >= msgs / 2, "{msgs} messages: {p}");
+        read += n;
+    }
+    assert!(read <= handled + 2, "{read} read, {handled} queued");
 }
 
 /// The event-mode pair that `--pid` attaches to: (program, server args, client args).

@@ -44,7 +44,8 @@ pub fn kernel_package(kernel: Kernel) -> KernelPackage {
 pub const BACKPORTS_SUITE: &str = "bookworm-backports";
 
 /// Guest userland (bookworm), unpacked with `dpkg -x`, never installed on the host: busybox for the
-/// init, bash for the commands, libibverbs + the rxe provider + ibverbs-utils + perftest, iproute2
+/// init, bash for the commands, libibverbs + the rxe provider + ibverbs-utils + perftest, the
+/// rdma_cm programs (rdmacm-utils: rping, rdma_server/rdma_client, ucmatose; qperf), iproute2
 /// (`ip`, `rdma`) and every library these link.
 pub const USERLAND: &[&str] = &[
     "busybox-static",
@@ -56,6 +57,8 @@ pub const USERLAND: &[&str] = &[
     "ibverbs-providers",
     "ibverbs-utils",
     "perftest",
+    "rdmacm-utils",
+    "qperf",
     "librdmacm1",
     "libibumad3",
     "libnl-3-200",
@@ -114,6 +117,8 @@ pub const BENCH_EXTRA: &[&str] = &[
 
 /// Modules to load (their `depends=` closure is computed on the host). `crc32_generic` is named
 /// explicitly: rdma_rxe needs the crc32 crypto driver and the guest has no modprobe to find it.
+/// `rdma_ucm` (`/dev/infiniband/rdma_cm`, for librdmacm's programs) brings rdma_cm, ib_cm and
+/// iw_cm with it.
 pub const MODULE_ROOTS: &[&str] = &[
     "crc32_generic",
     "ib_core",
