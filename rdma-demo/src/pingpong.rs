@@ -24,6 +24,21 @@ const WR_SEND: u64 = 2;
 /// What both sides must agree on.
 pub use crate::exchange::SizedParams as Params;
 
+/// The command line of a ping-pong between two devices of this host, in one process, on any
+/// free port: `rdma-demo` followed by these, then the mode, size and iterations.
+pub fn loopback_args<'a>(client: &'a str, server: &'a str) -> [&'a str; 8] {
+    [
+        "pingpong",
+        "--loopback",
+        "--port",
+        "0",
+        "-d",
+        client,
+        "--server-device",
+        server,
+    ]
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     #[serde(flatten)]

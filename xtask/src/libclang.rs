@@ -167,42 +167,24 @@ mod tests {
 
     #[test]
     fn an_older_libclang_is_chosen_only_when_a_newer_one_would_win() {
-        let llvm14 = PathBuf::from("/usr/lib/llvm-14/lib");
-        let llvm15 = PathBuf::from("/usr/lib64/llvm15/lib");
-        let multiarch = PathBuf::from("/usr/lib/x86_64-linux-gnu");
-        assert_eq!(choose(&[]), Choice::Default);
-        assert_eq!(choose(&[(llvm14.clone(), 14)]), Choice::Default);
-        assert_eq!(
-            choose(&[
-                (llvm14.clone(), 14),
-                (multiarch.clone(), 19),
-                (multiarch.clone(), 14)
-            ]),
-            Choice::Set(llvm14.clone())
-        );
-        assert_eq!(
-            choose(&[
-                (llvm14.clone(), 14),
-                (llvm15.clone(), 15),
-                (multiarch.clone(), 18)
-            ]),
-            Choice::Set(llvm15)
-        );
-        assert_eq!(choose(&[(multiarch.clone(), 18)]), Choice::NoneUsable(18));
-        // The order the directories were read in does not matter: the multiarch directory
-        // also holds a 19, so the llvm-14 one wins whichever comes first.
-        assert_eq!(
-            choose(&[
-                (multiarch.clone(), 14),
-                (multiarch.clone(), 19),
-                (llvm14.clone(), 14)
-            ]),
-            Choice::Set(llvm14.clone())
-        );
-        // Only the multiarch directory has a good one, beside a bad one: none is usable.
-        assert_eq!(
-            choose(&[(multiarch.clone(), 14), (multiarch, 19)]),
-            Choice::NoneUsable(19)
-        );
+        let llvm14 = || (PathBuf::from("/usr/lib/llvm-14/lib"), 14);
+        let llvm15 = || (PathBuf::from("/usr/lib64/llvm15/lib"), 15);
+        let multiarch = |v| (PathBuf::from("/usr/lib/x86_64-linux-gnu"), v);
+        let set = |(dir, _): (PathBuf, u32)| Choice::Set(dir);
+        let cases = [
+            (vec![], Choice::Default),
+            (vec![llvm14()], Choice::Default),
+            (vec![llvm14(), multiarch(19), multiarch(14)], set(llvm14())),
+            (vec![llvm14(), llvm15(), multiarch(18)], set(llvm15())),
+            (vec![multiarch(18)], Choice::NoneUsable(18)),
+            // The order the directories were read in does not matter: the multiarch directory
+            // also holds a 19, so the llvm-14 one wins whichever comes first.
+            (vec![multiarch(14), multiarch(19), llvm14()], set(llvm14())),
+            // Only the multiarch directory has a good one, beside a bad one: none is usable.
+            (vec![multiarch(14), multiarch(19)], Choice::NoneUsable(19)),
+        ];
+        for (found, want) in cases {
+            assert_eq!(choose(&found), want, "{found:?}");
+        }
     }
 }

@@ -311,16 +311,7 @@ async fn run_demo(
     // A SIGKILL of rdma-trace ends the demo too.
     signals::die_with_parent(&mut cmd, libc::SIGKILL);
     let mut child = cmd
-        .args([
-            "pingpong",
-            "--loopback",
-            "--port",
-            "0",
-            "-d",
-            client,
-            "--server-device",
-            server,
-        ])
+        .args(rdma_demo::pingpong::loopback_args(client, server))
         .args([
             "--mode",
             mode_arg,

@@ -33,6 +33,16 @@ impl Outcome {
         );
     }
 
+    /// Runs `rdma-trace ARGS` (which hold `--json -`) to its end and fails the test unless it
+    /// succeeded and its stdout is one JSON document; that document.
+    pub fn json_on_stdout(args: &[&str]) -> (Self, Value) {
+        let out = rdma_trace(args);
+        out.assert_success(&format!("rdma-trace {}", args.join(" ")));
+        let doc = serde_json::from_str(&out.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{}", out.stdout));
+        (out, doc)
+    }
+
     /// Fails the test unless the command exited with `code` and said why in one line of
     /// stderr, a line that contains `says`.
     pub fn assert_fails_in_one_line(&self, code: i32, says: &str) {
@@ -171,16 +181,7 @@ pub fn signal(child: &Child, signal: &str) -> bool {
 /// --server-device rxe0 EXTRA`, stdout to /dev/null, run to its end.
 pub fn loopback_pingpong(extra: &[&str]) -> ExitStatus {
     Command::new("rdma-demo")
-        .args([
-            "pingpong",
-            "--loopback",
-            "--port",
-            "0",
-            "-d",
-            "rxe1",
-            "--server-device",
-            "rxe0",
-        ])
+        .args(rdma_demo::pingpong::loopback_args("rxe1", "rxe0"))
         .args(extra)
         .stdout(Stdio::null())
         .status()

@@ -12,8 +12,8 @@ use serde_json::Value;
 use super::{
     RDMA_TRACE,
     harness::{
-        KillOnDrop, find_by, kernel_release, probe, rdma_trace, run_demo, run_json, signal,
-        wait_tracing,
+        KillOnDrop, Outcome, find_by, kernel_release, probe, rdma_trace, run_demo, run_json,
+        signal, wait_tracing,
     },
     kprobes_left, read_json, roce_v2_gid_index, temp_json, wait_timeout,
 };
@@ -645,7 +645,7 @@ fn timeline_of_the_demo_run_names_the_demo_threads() {
 
 #[test]
 fn json_on_stdout_is_all_of_stdout_and_a_demo_run_has_the_keys_of_a_command_run() {
-    let demo = rdma_trace(&[
+    let (demo, doc) = Outcome::json_on_stdout(&[
         "run",
         "--no-tui",
         "--mode",
@@ -655,9 +655,6 @@ fn json_on_stdout_is_all_of_stdout_and_a_demo_run_has_the_keys_of_a_command_run(
         "--json",
         "-",
     ]);
-    demo.assert_success("rdma-trace run --json -");
-    let doc: Value = serde_json::from_str(&demo.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{}", demo.stdout));
     assert_eq!(doc["load"]["kind"], "demo");
     // The text report is not lost: it went to stderr.
     assert!(demo.stderr.contains("--- rdma-demo ---"), "{}", demo.stderr);
@@ -710,7 +707,7 @@ fn the_default_report_leads_with_its_header_and_fits_in_60_lines() {
 
 #[test]
 fn json_on_stdout_leaves_the_commands_own_output_to_stderr() {
-    let out = rdma_trace(&[
+    let (out, doc) = Outcome::json_on_stdout(&[
         "run",
         "--no-tui",
         "--json",
@@ -720,9 +717,6 @@ fn json_on_stdout_leaves_the_commands_own_output_to_stderr() {
         "-c",
         "echo the-command-said-this",
     ]);
-    out.assert_success("rdma-trace run --json - -- sh -c echo");
-    let doc: Value = serde_json::from_str(&out.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{}", out.stdout));
     only_phase(&doc, "command");
     assert!(
         out.stderr.contains("the-command-said-this"),
