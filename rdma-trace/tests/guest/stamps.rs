@@ -17,10 +17,10 @@
 //!   next post, or the next completion of the thread's own sends, which follows its own next
 //!   post; T1 lies after the earlier of the two posts.
 //!
-//! Shown to fail for a wrong product, by hand in the 6.1 guest (not committed): with the
-//! mirror one event behind after a channel's first read (each read took the previous
-//! handler call's stamps, as after a missed kretprobe return), the test failed at the
-//! client's second event, whose T1 came 27 ms before its previous read's stamp. Taking the
+//! Shown to fail for a wrong product, by hand in the 6.1 and 6.12 guests (not committed):
+//! with the mirror one event behind after a channel's first read (each read took the previous
+//! handler call's stamps, as after a missed kretprobe return), the test failed on both at the
+//! client's second event, whose T1 came 27-28 ms before its previous read's stamp. Taking the
 //! newest queued event instead of the oldest passed: in this load a channel never holds two
 //! events (one CQ per channel, re-armed only after a read), so newest and oldest are the same
 //! event, and no load here tells them apart (see docs/testing.md).
@@ -32,7 +32,7 @@ use super::harness::run_demo;
 /// How long after T4 (`ib_uverbs_comp_event_read` returns, in the kretprobe) the demo's stamp
 /// of the same read may come: the median over a thread's events, and the most for one event.
 /// Measured in the 6.1 and 6.12 guests under TCG on a loaded 2-core host (200 round trips,
-/// both threads, six runs on 6.1 and three on 6.12): the median 9-23 µs, the 99th percentile
+/// both threads, six runs on each kernel): the median 9-23 µs, the 99th percentile
 /// up to 2.2 ms, the most 49 ms (a vCPU not run between the kretprobe and the clock read). The
 /// median's bound is the small one (over 4 times the largest median seen); the bound for one
 /// event is twice the worst seen.
