@@ -320,6 +320,7 @@ async fn run_demo(
             "--size",
             &args.size.to_string(),
         ])
+        .args(demo_stamps(args.sample))
         .arg("--json")
         .arg(&json)
         .stdin(Stdio::null())
@@ -342,6 +343,15 @@ async fn run_demo(
         .unwrap_or(serde_json::Value::Null);
     drop(dir);
     Ok((window, value, out))
+}
+
+/// With `--sample N`, the demo stamps its first N event reads and posts per side (its
+/// reports' `stamps`): user-space truth to hold the sampled events against.
+fn demo_stamps(sample: u32) -> Vec<String> {
+    if sample == 0 {
+        return Vec::new();
+    }
+    vec!["--stamps".to_owned(), sample.to_string()]
 }
 
 /// The demo's mean round trip (µs), from its `--json` results.
@@ -611,6 +621,12 @@ mod tests {
             driver: None,
             parent_netdev: Some("eth0".to_owned()),
         }
+    }
+
+    #[test]
+    fn the_demo_stamps_as_many_events_as_the_run_samples() {
+        assert!(demo_stamps(0).is_empty());
+        assert_eq!(demo_stamps(250), ["--stamps", "250"]);
     }
 
     #[test]
