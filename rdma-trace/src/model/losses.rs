@@ -204,7 +204,10 @@ impl Losses {
             v.push((
                 key,
                 counts.iter().flatten().map(|(_, n)| n).sum(),
-                format!("{what} ({}: stamps or events missing)", list.join(", ")),
+                format!(
+                    "{what} ({}: stamps or events may be missing)",
+                    list.join(", ")
+                ),
             ));
         }
         v
