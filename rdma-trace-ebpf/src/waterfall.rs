@@ -17,7 +17,10 @@
 //!   read counts it as woken only if it reads that very event. T3 is the first switch-in after
 //!   T2; a thread woken before it slept has none (T3 = T2).
 //!
-//! At the read, T2 and T3 are clamped into [T1, T4]: the stages partition T1→T4 exactly.
+//! At the read, T2 and T3 are clamped into [T1, T4]: the stages partition T1→T4 exactly. The
+//! events that needed it are counted (`L_CLAMPED`), and so is every loss (`L_*`: failed map
+//! writes, a full sample ring, missed read returns), in the per-CPU row the event or thread
+//! already uses, or the shared last slot's when no thread is known.
 //! Only threads woken inside a handler are in `WF_WAKE`, so `sched_switch` costs one hash
 //! lookup for everyone else, and `sched_waking` one per-CPU read outside handlers.
 
@@ -31,12 +34,14 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
 };
 use rdma_trace_common::{
-    hist_slot,
+    HIST_SLOTS, hist_slot,
     waterfall::{
-        CLASS_UNKNOWN, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, NR_CLASSES,
-        SF_NO_SWITCH, SF_WOKEN, W_AWAKE, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER,
-        W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_CPUS, WF_NHIST, WF_QUEUE_LEN, WF_THREADS,
-        WfConfig, WfCounts, WfHist, WfSample, WfThread,
+        CLASS_UNKNOWN, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED,
+        L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED, L_SAMPLES, L_SLOT_NOT_STORED,
+        L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED, SF_NO_SWITCH, SF_WOKEN, W_AWAKE,
+        W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED,
+        W_WOKEN, WF_CPUS, WF_NHIST, WF_QUEUE_LEN, WF_THREADS, WfConfig, WfCounts, WfHist, WfSample,
+        WfThread,
     },
 };
 
@@ -47,7 +52,9 @@ use crate::{config, now};
 static WF_CONFIG: WfConfig = WfConfig::UNSET;
 
 const QMASK: u64 = WF_QUEUE_LEN as u64 - 1;
+const _: () = assert!(HIST_SLOTS.is_power_of_two());
 const BPF_NOEXIST: u64 = 1;
+const EEXIST: i64 = 17;
 
 /// Events a channel's handler queued that no read has taken yet.
 #[repr(C)]
@@ -245,6 +252,8 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
         let _ = WF_QUEUES.insert(queue, unsafe { *zero }, BPF_NOEXIST);
     }
     let Some(q) = WF_QUEUES.get_ptr_mut(queue) else {
+        // The map is full (or out of memory): this event is not mirrored.
+        lose(WF_THREADS - 1, L_NO_QUEUE);
         return 0;
     };
     // SAFETY: a hash map value; the kernel serialises a channel's handler calls under its
@@ -312,7 +321,9 @@ pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
         cpu_target: target as u32,
         cpu_on: u32::MAX,
     };
-    let _ = WF_WAKE.insert(pid as u32, w, 0);
+    if WF_WAKE.insert(pid as u32, w, 0).is_err() {
+        lose(WF_THREADS - 1, L_WAKE_NOT_STORED);
+    }
     0
 }
 
@@ -353,7 +364,28 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
     let r = Reading {
         queue: private + u64::from(cfg.ev_queue),
     };
-    let _ = WF_READING.insert(tid(), r, 0);
+    let tid = tid();
+    if let Err(e) = WF_READING.insert(tid, r, BPF_NOEXIST) {
+        // A read of this thread is still open: its return was missed (a thread reads one
+        // event at a time). It most likely returned its channel's oldest event: take that one
+        // from the mirror too, or the channel's later reads would all be matched one off.
+        if i64::from(e) == -EEXIST {
+            lose(WF_THREADS - 1, L_RETURN_MISSED);
+            // SAFETY: copied out at once.
+            if let Some(missed) = unsafe { WF_READING.get(tid) }.copied()
+                && let Some(q) = WF_QUEUES.get_ptr_mut(missed.queue)
+            {
+                // SAFETY: a hash map value; as in `wf_read_return`, reads only move `head`.
+                let q = unsafe { &mut *q };
+                if q.head < q.tail {
+                    q.head += 1;
+                }
+            }
+        }
+        if WF_READING.insert(tid, r, 0).is_err() {
+            lose(WF_THREADS - 1, L_READ_NOT_STORED);
+        }
+    }
     0
 }
 
@@ -409,9 +441,12 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
     // SAFETY: copied out; removed below when consumed or stale.
     if let Some(w) = unsafe { WF_WAKE.get(tid) }.copied() {
         if w.queue == r.queue && w.event == event {
+            if w.t2 < t1 || w.t2 > t4 || (w.t3 != 0 && (w.t3 < w.t2 || w.t3 > t4)) {
+                s.flags |= SF_CLAMPED;
+            }
             let t2 = w.t2.max(t1).min(t4);
             s.t2 = t2;
-            s.flags = SF_WOKEN;
+            s.flags |= SF_WOKEN;
             s.cpu_target = w.cpu_target;
             if w.t3 == 0 {
                 s.t3 = t2;
@@ -452,6 +487,7 @@ fn thread_slot(tid: u32) -> Option<u32> {
         return Some(s);
     }
     let mut slot = WF_THREADS - 1;
+    let mut refound = false;
     let start = tid % (WF_THREADS - 1);
     for k in 0..WF_THREADS - 1 {
         let s = (start + k) % (WF_THREADS - 1);
@@ -459,6 +495,18 @@ fn thread_slot(tid: u32) -> Option<u32> {
             slot = s;
             break;
         }
+        // SAFETY: copied out at once.
+        if unsafe { WF_SLOT_OWNER.get(s) }.copied() == Some(tid) {
+            // Its own slot: WF_SLOT_OF (LRU) forgot it.
+            slot = s;
+            refound = true;
+            break;
+        }
+    }
+    if refound {
+        lose(slot, L_SLOT_REFOUND);
+    } else if slot == WF_THREADS - 1 {
+        lose(slot, L_NO_SLOT);
     }
     if let Some(t) = WF_THREAD.get_ptr_mut(slot) {
         let info = WfThread {
@@ -474,7 +522,9 @@ fn thread_slot(tid: u32) -> Option<u32> {
         // whose name is only a hint).
         unsafe { *t = info };
     }
-    let _ = WF_SLOT_OF.insert(tid, slot, 0);
+    if WF_SLOT_OF.insert(tid, slot, 0).is_err() {
+        lose(slot, L_SLOT_NOT_STORED);
+    }
     Some(slot)
 }
 
@@ -483,6 +533,17 @@ fn count(slot: u32, counter: u32) {
     if let Some(c) = WF_COUNTS.get_ptr_mut(slot) {
         // SAFETY: this CPU's value of a per-CPU array; programs do not re-enter on one CPU.
         if let Some(v) = unsafe { (*c).counters.get_mut(counter as usize) } {
+            *v += 1;
+        }
+    }
+}
+
+/// Loss counter `l` (`L_*`) of `slot`.
+#[inline(always)]
+fn lose(slot: u32, l: u32) {
+    if let Some(c) = WF_COUNTS.get_ptr_mut(slot) {
+        // SAFETY: this CPU's value of a per-CPU array; programs do not re-enter on one CPU.
+        if let Some(v) = unsafe { (*c).lost.get_mut(l as usize) } {
             *v += 1;
         }
     }
@@ -499,7 +560,9 @@ fn hist(slot: u32, h: u32, value: u64) {
     if let Some(row) = WF_HIST.get_ptr_mut(slot * WF_NHIST + h) {
         let i = hist_slot(value) as usize;
         // SAFETY: a volatile read of a local: keeps the bounds check visible to the verifier.
-        let i = unsafe { core::ptr::read_volatile(&i) };
+        // The mask gives the index bounds of its own: 6.1's verifier derived impossible ones
+        // (min above max) for `hist_slot`'s small-value branch and refused the access.
+        let i = unsafe { core::ptr::read_volatile(&i) } & (HIST_SLOTS as usize - 1);
         // SAFETY: this CPU's value of a per-CPU array.
         if let Some(s) = unsafe { (*row).slots.get_mut(i) } {
             *s += 1;
@@ -530,6 +593,9 @@ fn record(slot: u32, s: &WfSample) {
     // SAFETY: this CPU's value of a per-CPU array; programs do not re-enter on one CPU.
     let c = unsafe { &mut *c };
     c.counters[W_EVENTS as usize] += 1;
+    if s.flags & SF_CLAMPED != 0 {
+        c.lost[L_CLAMPED as usize] += 1;
+    }
     if s.t0 != 0 && s.t0 <= s.t1 {
         add(c, H_DRIVER, slot, s.t1 - s.t0);
         if s.flags & SF_WOKEN != 0 {
@@ -560,11 +626,12 @@ fn record(slot: u32, s: &WfSample) {
     bump(&mut c.handler_cpu, s.cpu_handler);
     bump(&mut c.waiter_cpu, s.cpu_on);
     bump(&mut c.read_cpu, s.cpu_read);
-    sample(s);
+    sample(c, s);
 }
 
+/// Emit `s` to the sample ring (up to the bound); a full ring is counted in `c`.
 #[inline(always)]
-fn sample(s: &WfSample) {
+fn sample(c: &mut WfCounts, s: &WfSample) {
     let max = config(&WF_CONFIG).sample_max;
     if max == 0 {
         return;
@@ -579,5 +646,7 @@ fn sample(s: &WfSample) {
     }
     if WF_SAMPLES.output::<WfSample>(s, 0).is_ok() {
         *n += 1;
+    } else {
+        c.lost[L_SAMPLES as usize] += 1;
     }
 }

@@ -35,7 +35,7 @@ use crate::{
     output::write_json,
     signals::{self, Stop, Stopped},
     views::tui::Live,
-    waterfall::{self, Waterfall, WaterfallReport},
+    waterfall::{self, Waterfall},
 };
 
 /// `$TMPDIR/rdma-trace-XXXXXX`: where the demo writes its JSON.
@@ -131,10 +131,11 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         overhead.hook_hits = overhead.hook_hits(round_trips, "round trip");
         let dropped = std::mem::take(&mut src.dropped);
         drop(src);
-        let wf_report = match (&wf, &wf_before) {
-            (Some(w), Some(b)) => Some(WaterfallReport::from_snapshot(&w.snapshot()?.since(b))),
-            _ => None,
-        };
+        let (wf_report, losses) = super::report::waterfall_and_losses(
+            wf.as_ref().zip(wf_before.as_ref()),
+            &overhead,
+            kernel.release().as_deref(),
+        )?;
         let status = window.command_status;
         let phase = Phase {
             mode: Some(mode),
@@ -146,6 +147,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
             overhead,
             dropped,
             waterfall: wf_report,
+            losses,
         };
         let title = format!(
             "mode {mode:?}: {} iterations of {}, {server} ↔ {client}",

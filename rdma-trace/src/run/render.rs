@@ -140,6 +140,7 @@ pub fn phase(
     detail: Detail,
 ) -> String {
     let mut out = format!("===== {title} =====\n");
+    out.extend(phase.losses.line());
     if !load_text.trim().is_empty() {
         out.push_str(load_text.trim_end());
         out.push('\n');
@@ -269,5 +270,62 @@ mod tests {
                 .starts_with("skipped 2 rows: no_device ×2"),
             "{head}"
         );
+    }
+
+    /// A phase that lost data says so on the line after its title, naming the counters; one
+    /// that lost nothing has no such line.
+    #[test]
+    fn a_phase_that_lost_data_says_so_first_and_one_that_did_not_says_nothing() {
+        use crate::model::{
+            losses::Losses,
+            overhead::{LoaderUsage, Overhead},
+            window::Window,
+        };
+        let u = LoaderUsage::now();
+        let phase = |losses: Losses| Phase {
+            mode: None,
+            window: Window {
+                seconds: 1.0,
+                ended_by: "command",
+                command_status: Some(0),
+            },
+            completion_mode: "completion events",
+            demo: None,
+            probes: vec![report("big", 1000, false)],
+            processes: Vec::new(),
+            overhead: Overhead::between("bpf_enable_stats", &[], &[], u, u),
+            dropped: Vec::new(),
+            waterfall: None,
+            losses,
+        };
+        let budget = Budget {
+            percent: 5.0,
+            enforce: false,
+            calibration: None,
+        };
+        let lossy = Losses {
+            threads_without_slot: 3,
+            read_returns_missed: 12,
+            ..Losses::default()
+        };
+        let text = super::phase("t", "", &budget, &phase(lossy), Detail::default());
+        let second = text.lines().nth(1).expect("a second line");
+        assert!(second.starts_with("lost: "), "{text}");
+        assert!(
+            second.contains("3 threads beyond the 31 thread slots"),
+            "{second}"
+        );
+        assert!(
+            second.contains("12 read returns the kretprobe missed"),
+            "{second}"
+        );
+        let quiet = super::phase(
+            "t",
+            "",
+            &budget,
+            &phase(Losses::default()),
+            Detail::default(),
+        );
+        assert!(!quiet.contains("lost"), "{quiet}");
     }
 }
