@@ -35,10 +35,11 @@ pub fn attach(
     let mut session = Session::start_with(
         kernel,
         &defs,
-        args.probes.options(Options {
+        Options {
             all_drivers: args.all_drivers,
             uprobes: args.uprobes,
-        }),
+        }
+        .with_preset(args.probes),
         &extra.object_config(),
     )?;
     // The session's probes are on the RDMA path, softirqs and IRQs: the umask calls of the
