@@ -109,13 +109,8 @@ fn the_default_preset_hits_fewer_hooks_than_full() {
     for name in &default.attached {
         assert!(full.attached.contains(name), "{name} not in full");
     }
-    for name in [
-        "wakeup",
-        "rxe_rcv",
-        "rxe_responder",
-        "softirq NET_RX",
-        "__napi_poll",
-    ] {
+    // Rows that attach on 6.1 and 6.12 (6.12 inlines rxe_responder).
+    for name in ["wakeup", "rxe_rcv", "softirq NET_RX", "__napi_poll"] {
         assert!(
             full.attached.contains(&name.to_owned())
                 && !default.attached.contains(&name.to_owned()),
