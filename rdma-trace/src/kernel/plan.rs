@@ -761,7 +761,7 @@ mod tests {
         let f = facts("guest-6.1-rxe");
         let planned = |preset: Preset| -> Vec<String> {
             let opts = Options::default().with_preset(preset);
-            plan(&preset.select(PROBES), &f, opts)
+            plan(&preset.select(PROBES, false), &f, opts)
                 .probes
                 .iter()
                 .filter(|p| matches!(p.decision, Decision::Try(_)))

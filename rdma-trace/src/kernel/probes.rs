@@ -118,6 +118,9 @@ pub enum Role {
     /// A stage whose count is also the demo's progress: rxe posts a fixed number of
     /// completions per round trip.
     Progress,
+    /// A row whose function's calls, counted per process, are each process's completion-event
+    /// reads: a run that reports per process (a workload) attaches it whatever its preset.
+    Reads,
 }
 
 /// `--probes`: which rows of the table a run attaches. Each preset holds the rows of the ones
@@ -155,9 +158,14 @@ impl Preset {
         def.preset <= self
     }
 
-    /// The rows of `defs` this preset attaches, in their order.
-    pub fn select(self, defs: &[ProbeDef]) -> Vec<ProbeDef> {
-        defs.iter().filter(|d| self.holds(d)).cloned().collect()
+    /// The rows of `defs` this preset attaches, in their order; with the [`Role::Reads`] rows
+    /// too when the run reports per process (`per_process`: `run -- CMD`, `--pid`, `--all`),
+    /// whose completion-event reads they count.
+    pub fn select(self, defs: &[ProbeDef], per_process: bool) -> Vec<ProbeDef> {
+        defs.iter()
+            .filter(|d| self.holds(d) || (per_process && d.role == Role::Reads))
+            .cloned()
+            .collect()
     }
 }
 
@@ -360,7 +368,8 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("nobody blocked on a completion channel (polling mode)"),
         module: Some("ib_uverbs"),
         since: None,
-        role: Role::Stage,
+        // Its end function counts each process's reads in workload runs.
+        role: Role::Reads,
         preset: Preset::Full,
     },
     // ---- mlx5 (mlx5_core + mlx5_ib, 6.1 and 6.12): IRQ mlx5_comp<N> → irq_int_handler →
@@ -695,11 +704,42 @@ mod tests {
             );
             assert!(small.len() < large.len(), "{:?} adds nothing", pair[1]);
         }
-        assert_eq!(Preset::Full.select(PROBES).len(), PROBES.len());
+        assert_eq!(Preset::Full.select(PROBES, false).len(), PROBES.len());
         for preset in PRESETS {
-            let rows = preset.select(PROBES);
+            let rows = preset.select(PROBES, false);
             assert_eq!(rows.len(), names(preset).len(), "{preset:?}");
             assert!(rows.iter().all(|r| preset.holds(r)));
+        }
+    }
+
+    #[test]
+    fn a_per_process_run_adds_the_row_that_counts_reads_to_any_preset() {
+        let reads: Vec<&str> = PROBES
+            .iter()
+            .filter(|p| p.role == Role::Reads)
+            .map(|p| p.name.as_ref())
+            .collect();
+        assert_eq!(reads, ["wakeup"]);
+        let Shape::Interval { to, .. } = &PROBES.iter().find(|p| p.name == "wakeup").unwrap().shape
+        else {
+            panic!("wakeup is an interval")
+        };
+        assert_eq!(*to, "ib_uverbs_comp_event_read");
+        for preset in PRESETS {
+            let demo: Vec<String> = preset
+                .select(PROBES, false)
+                .iter()
+                .map(|p| p.name.to_string())
+                .collect();
+            let workload: Vec<String> = preset
+                .select(PROBES, true)
+                .iter()
+                .map(|p| p.name.to_string())
+                .collect();
+            assert_eq!(demo, names(preset), "{preset:?}");
+            assert!(workload.contains(&"wakeup".to_owned()), "{preset:?}");
+            let added: Vec<&String> = workload.iter().filter(|n| !demo.contains(n)).collect();
+            assert!(added.len() <= 1, "{preset:?}: {added:?}");
         }
     }
 

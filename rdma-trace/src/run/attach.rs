@@ -31,7 +31,11 @@ pub fn attach(
     extra: &Extra,
     timeline_file: Option<File>,
 ) -> Result<Attached> {
-    let defs = args.probes.select(PROBES);
+    // A workload's report counts each process's completion-event reads.
+    let defs = args.probes.select(
+        PROBES,
+        extra.workload != rdma_trace_common::workload::WL_OFF,
+    );
     let mut session = Session::start_with(
         kernel,
         &defs,
