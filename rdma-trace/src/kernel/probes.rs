@@ -667,14 +667,18 @@ mod tests {
         assert_eq!(Driver::from_name("mlx4"), None);
     }
 
+    /// The names of the rows with `role`, in table order.
+    fn with_role(role: Role) -> Vec<&'static str> {
+        PROBES
+            .iter()
+            .filter(|p| p.role == role)
+            .map(|p| p.name.as_ref())
+            .collect()
+    }
+
     #[test]
     fn one_row_counts_progress() {
-        let progress: Vec<&str> = PROBES
-            .iter()
-            .filter(|p| p.role == Role::Progress)
-            .map(|p| p.name.as_ref())
-            .collect();
-        assert_eq!(progress, ["rxe_cq_post"]);
+        assert_eq!(with_role(Role::Progress), ["rxe_cq_post"]);
     }
 
     /// The names of the rows `preset` attaches, in table order.
@@ -714,12 +718,7 @@ mod tests {
 
     #[test]
     fn a_per_process_run_adds_the_row_that_counts_reads_to_any_preset() {
-        let reads: Vec<&str> = PROBES
-            .iter()
-            .filter(|p| p.role == Role::Reads)
-            .map(|p| p.name.as_ref())
-            .collect();
-        assert_eq!(reads, ["wakeup"]);
+        assert_eq!(with_role(Role::Reads), ["wakeup"]);
         let Shape::Interval { to, .. } = &PROBES.iter().find(|p| p.name == "wakeup").unwrap().shape
         else {
             panic!("wakeup is an interval")
