@@ -240,7 +240,8 @@ fn count(phase: &Value, name: &str) -> u64 {
 #[test]
 fn run_both_modes_between_rxe0_and_rxe1() {
     let iters = 200u64;
-    let run = run_demo("both", iters, &[], "run-both");
+    // Every row that attaches here (the default has no wakeup, NET_RX, NAPI or rxe_rcv).
+    let run = run_demo("both", iters, &["--probes", "full"], "run-both");
     run.assert_success("rdma-trace run");
     let (report, stdout) = (&run.report, &run.stdout);
     assert_eq!(report["load"]["demo"]["server_device"], "rxe0");
@@ -516,7 +517,8 @@ fn program_targets(probe: &Value) -> (Vec<String>, usize) {
 
 #[test]
 fn run_json_carries_self_overhead_for_every_attached_program() {
-    let run = run_demo("event", 200, &[], "run-overhead");
+    // Every mechanism (kprobe, raw tracepoint, uprobe) and interval: the full preset.
+    let run = run_demo("event", 200, &["--probes", "full"], "run-overhead");
     run.assert_success("rdma-trace run");
     let phase = &run.report["phases"][0];
     let o = &phase["overhead"];

@@ -13,7 +13,7 @@ use crate::{
     error::Unsupported,
     kernel::facts::Kernel,
     kernel::plan::Options,
-    kernel::probes::{Driver, Method, ProbeDef, Role, Shape},
+    kernel::probes::{Driver, Method, Preset, ProbeDef, Role, Shape},
     model::report::{ProbeReport, probe_reports, render},
     model::window::{Window, wait_window},
     output::write_json_if,
@@ -74,6 +74,8 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
             module: None,
             since: None,
             role: Role::Stage,
+            // This command's own rows: `run`'s presets never see them.
+            preset: Preset::Full,
         })
         .collect();
     let mut session = Session::start(&kernel, &defs, Options::default())?;

@@ -13,7 +13,7 @@ use crate::{
     error::Unsupported,
     kernel::facts::Kernel,
     kernel::plan::Options,
-    kernel::probes::{Driver, Method, PROBES, Patterns, ProbeDef, Role, Shape, glob_match},
+    kernel::probes::{Driver, Method, PROBES, Patterns, Preset, ProbeDef, Role, Shape, glob_match},
     model::baseline::{Baseline, delta},
     model::overhead::Overhead,
     model::report::{ProbeReport, probe_reports, render},
@@ -132,6 +132,8 @@ fn irq_probes(irqs: &[(u32, String)], patterns: &[String]) -> Vec<ProbeDef> {
             module: None,
             since: None,
             role: Role::Stage,
+            // This command's own rows: `run`'s presets never see them.
+            preset: Preset::Full,
         })
         .collect();
     defs.extend(PROBES.iter().filter_map(|p| match p.shape {

@@ -44,6 +44,9 @@ fn parse_driver(s: &str) -> Result<Driver, String> {
 pub struct Row {
     pub name: Cow<'static, str>,
     pub driver: &'static str,
+    /// The smallest `run --probes` preset that attaches the row (`minimal` ⊂ `default` ⊂
+    /// `full`).
+    pub preset: &'static str,
     pub what: &'static str,
     /// Kernel functions the row attaches to.
     pub functions: Vec<Cow<'static, str>>,
@@ -181,6 +184,7 @@ fn row(p: &PlannedProbe) -> Row {
     Row {
         name: p.def.name.clone(),
         driver: p.def.driver.name(),
+        preset: p.def.preset.name(),
         what: p.def.what,
         functions: plan::functions_of(&p.def.shape),
         module: p.def.module,
@@ -247,7 +251,10 @@ fn text(l: &Listing) -> String {
         yes(l.kprobes),
         yes(l.btf)
     );
-    out.push_str(&format!("{:<26} {:<8} DECISION\n", "PROBE", "DRIVER"));
+    out.push_str(&format!(
+        "{:<26} {:<8} {:<8} DECISION\n",
+        "PROBE", "DRIVER", "PRESET"
+    ));
     for r in &l.rows {
         let decision = match (&r.skipped, &r.check) {
             (Some(s), _) => format!("skip ({}): {}", s.kind, s.reason),
@@ -255,7 +262,10 @@ fn text(l: &Listing) -> String {
             (None, Some(Check::Failed(why))) => format!("FAILED to attach: {why}"),
             (None, None) => r.methods.join(" or "),
         };
-        out.push_str(&format!("{:<26} {:<8} {decision}\n", r.name, r.driver));
+        out.push_str(&format!(
+            "{:<26} {:<8} {:<8} {decision}\n",
+            r.name, r.driver, r.preset
+        ));
     }
     out
 }
@@ -274,11 +284,21 @@ mod tests {
         let s = r("mlx5_ib_cq_comp").skipped.as_ref().unwrap();
         assert_eq!((s.kind, s.kernel_fact), ("no_device", false));
         assert_eq!(l.devices[0], ("rxe0".to_owned(), Some("rxe")));
+        // Each row names its smallest preset, in the text as a column.
+        for def in PROBES {
+            assert_eq!(r(&def.name).preset, def.preset.name(), "{}", def.name);
+        }
+        assert_eq!(r("rxe_cq_post").preset, "minimal");
+        assert_eq!(r("rxe_rcv").preset, "full");
         let t = text(&l);
         assert!(
             t.contains("rxe_cq_post") && t.contains("skip (no_device)"),
             "{t}"
         );
+        let line = |n: &str| t.lines().find(|l| l.starts_with(n)).unwrap().to_owned();
+        assert!(t.lines().nth(1).unwrap().contains(" PRESET "), "{t}");
+        assert!(line("rxe_cq_post ").contains(" minimal "), "{t}");
+        assert!(line("softirq NET_RX ").contains(" full "), "{t}");
         let json = serde_json::to_value(&l).unwrap();
         assert_eq!(json["rows"][0]["name"], "ib_uverbs_comp_handler");
         assert!(json["rows"][0]["check"].is_null());

@@ -65,8 +65,10 @@ pub struct Args {
     /// been measured) until the estimate is within it, and say which.
     #[arg(long)]
     pub enforce: bool,
-    /// Which probes to attach: minimal (one per stage), default, full (with uprobes and
-    /// every driver's rows).
+    /// Which rows of the probe table to attach (`rdma-trace probes` lists each row's preset):
+    /// minimal (the completion handler and each driver's hand-off), default (and one row per
+    /// stage of each driver's path), full (every row: every driver function, the wake-up,
+    /// softirqs, IRQs and NAPI polls, the uprobe, every driver's rows).
     #[arg(long, value_enum, default_value_t = Preset::Default)]
     pub probes: Preset,
     /// Completion waterfall: also keep this many per-event records (JSON `waterfall_samples`);

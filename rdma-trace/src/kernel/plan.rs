@@ -17,7 +17,7 @@ use rdma_trace_common::{
 
 use crate::{
     kernel::facts::{Kernel, RdmaDevice, Symbol},
-    kernel::probes::{Driver, Method, Patterns, ProbeDef, Role, Shape},
+    kernel::probes::{Driver, Method, Patterns, Preset, ProbeDef, Role, Shape},
 };
 
 /// What the kernel offers, as far as probe selection is concerned.
@@ -157,6 +157,20 @@ pub struct Options {
     pub all_drivers: bool,
     /// Attach the user-space probes (uprobes cost a trap per call).
     pub uprobes: bool,
+}
+
+impl Options {
+    /// The user's options, with what `preset` adds: `full` keeps every driver's rows and opts
+    /// in to the user-space probes.
+    pub fn with_preset(self, preset: Preset) -> Options {
+        match preset {
+            Preset::Full => Options {
+                all_drivers: true,
+                uprobes: true,
+            },
+            _ => self,
+        }
+    }
 }
 
 /// The static decision for one probe.
@@ -744,6 +758,46 @@ mod tests {
         }
         // No NIC in the guest: the IRQ probe says which names it looked for.
         assert_skipped(&p, "irq nic", &["virtio*-input*"]);
+    }
+
+    #[test]
+    fn on_the_rxe_guest_the_default_attaches_the_handler_and_the_cq_post_and_full_the_rest() {
+        let f = facts("guest-6.1-rxe");
+        let planned = |preset: Preset| -> Vec<String> {
+            let opts = Options::default().with_preset(preset);
+            plan(&preset.select(PROBES, false), &f, opts)
+                .probes
+                .iter()
+                .filter(|p| matches!(p.decision, Decision::Try(_)))
+                .map(|p| p.def.name.to_string())
+                .collect()
+        };
+        let (minimal, default, full) = (
+            planned(Preset::Minimal),
+            planned(Preset::Default),
+            planned(Preset::Full),
+        );
+        assert_eq!(minimal, ["ib_uverbs_comp_handler", "rxe_cq_post"]);
+        // The hardware paths' stage rows have no device here; the uprobe is opt-in.
+        assert_eq!(default, minimal);
+        for name in ["wakeup", "rxe_rcv", "softirq NET_RX", "__napi_poll"] {
+            assert!(full.contains(&name.to_owned()), "{name}: {full:?}");
+        }
+        assert!(default.iter().all(|n| full.contains(n)));
+        // `full` opts in to the uprobe and keeps every driver's rows; the others keep the
+        // user's choice.
+        let o = Options::default().with_preset(Preset::Full);
+        assert!(o.uprobes && o.all_drivers);
+        for preset in [Preset::Minimal, Preset::Default] {
+            let o = Options::default().with_preset(preset);
+            assert!(!o.uprobes && !o.all_drivers, "{preset:?}");
+            let mine = Options {
+                all_drivers: true,
+                uprobes: true,
+            };
+            let o = mine.with_preset(preset);
+            assert!(o.uprobes && o.all_drivers, "{preset:?}");
+        }
     }
 
     #[test]

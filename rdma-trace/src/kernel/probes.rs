@@ -118,6 +118,55 @@ pub enum Role {
     /// A stage whose count is also the demo's progress: rxe posts a fixed number of
     /// completions per round trip.
     Progress,
+    /// A row whose function's calls, counted per process, are each process's completion-event
+    /// reads: a run that reports per process (a workload) attaches it whatever its preset.
+    Reads,
+}
+
+/// `--probes`: which rows of the table a run attaches. Each preset holds the rows of the ones
+/// before it: minimal ⊂ default ⊂ full.
+#[derive(
+    clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Preset {
+    /// The completion handler and each driver's hand-off of the completion to it (rxe_cq_post
+    /// also drives the progress count): the cheapest view.
+    Minimal,
+    /// Where a completion's time goes, with the fewest hooks: the minimal rows and one row per
+    /// stage of each driver's path (interrupt, deferred work); the waterfall does the rest.
+    #[default]
+    Default,
+    /// Everything: every driver function, the kernel-consumer poll rows, the wake-up interval,
+    /// softirq, IRQ and NAPI rows on every CPU, the user-space probe, every driver's rows.
+    Full,
+}
+
+impl Preset {
+    /// Its name on the command line, in listings and in the JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Minimal => "minimal",
+            Preset::Default => "default",
+            Preset::Full => "full",
+        }
+    }
+
+    /// Whether this preset attaches `def` (a row belongs to its own preset and every larger
+    /// one).
+    pub fn holds(self, def: &ProbeDef) -> bool {
+        def.preset <= self
+    }
+
+    /// The rows of `defs` this preset attaches, in their order; with the [`Role::Reads`] rows
+    /// too when the run reports per process (`per_process`: `run -- CMD`, `--pid`, `--all`),
+    /// whose completion-event reads they count.
+    pub fn select(self, defs: &[ProbeDef], per_process: bool) -> Vec<ProbeDef> {
+        defs.iter()
+            .filter(|d| self.holds(d) || (per_process && d.role == Role::Reads))
+            .cloned()
+            .collect()
+    }
 }
 
 /// How a probe point can be attached.
@@ -173,6 +222,8 @@ pub struct ProbeDef {
     /// older kernels the tool supports lack them.
     pub since: Option<(u32, u32)>,
     pub role: Role,
+    /// The smallest `--probes` preset that attaches the row.
+    pub preset: Preset,
 }
 
 impl ProbeDef {
@@ -209,6 +260,7 @@ impl ProbeDef {
             module: Some(module),
             since: None,
             role: Role::Stage,
+            preset: Preset::Full,
         }
     }
 
@@ -232,6 +284,7 @@ impl ProbeDef {
             module: None,
             since: None,
             role: Role::Stage,
+            preset: Preset::Full,
         }
     }
 
@@ -247,6 +300,7 @@ impl ProbeDef {
             module: None,
             since: None,
             role: Role::Stage,
+            preset: Preset::Full,
         }
     }
 
@@ -259,6 +313,12 @@ impl ProbeDef {
     /// The row, whose functions exist from kernel release `major`.`minor` on.
     const fn since(mut self, major: u32, minor: u32) -> ProbeDef {
         self.since = Some((major, minor));
+        self
+    }
+
+    /// The row, in `preset` and the larger ones (rows are in `full` alone unless they say).
+    const fn preset(mut self, preset: Preset) -> ProbeDef {
+        self.preset = preset;
         self
     }
 
@@ -278,7 +338,8 @@ pub const PROBES: &[ProbeDef] = &[
         "ib_uverbs_comp_handler",
         "a CQ with a completion channel got a completion: queue the event, wake the waiter (event mode)",
     )
-    .zero_note("polling mode takes no completion events: expected 0"),
+    .zero_note("polling mode takes no completion events: expected 0")
+    .preset(Preset::Minimal),
     ProbeDef {
         name: Cow::Borrowed("ibv_get_cq_event"),
         what: "the demo blocked in ibv_get_cq_event until a completion event arrived (uprobe, opt-in)",
@@ -292,6 +353,8 @@ pub const PROBES: &[ProbeDef] = &[
         module: None,
         since: None,
         role: Role::Stage,
+        // Opt-in (`--uprobes`) whatever the preset; `full` opts in.
+        preset: Preset::Default,
     },
     ProbeDef {
         name: Cow::Borrowed("wakeup"),
@@ -305,7 +368,9 @@ pub const PROBES: &[ProbeDef] = &[
         zero_note: Some("nobody blocked on a completion channel (polling mode)"),
         module: Some("ib_uverbs"),
         since: None,
-        role: Role::Stage,
+        // Its end function counts each process's reads in workload runs.
+        role: Role::Reads,
+        preset: Preset::Full,
     },
     // ---- mlx5 (mlx5_core + mlx5_ib, 6.1 and 6.12): IRQ mlx5_comp<N> → irq_int_handler →
     // mlx5_eq_comp_int (EQ) → user CQs: mlx5_add_cq_to_tasklet, then the tasklet
@@ -321,21 +386,24 @@ pub const PROBES: &[ProbeDef] = &[
         "mlx5_core",
         "mlx5_eq_comp_int",
         "mlx5 completion EQ handler (hard IRQ): walks the EQ, hands each CQ to its callback",
-    ),
+    )
+    .preset(Preset::Default),
     ProbeDef::module_function(
         Driver::Mlx5,
         "mlx5_core",
         "mlx5_cq_tasklet_cb",
         "mlx5 completion tasklet: runs the completion callbacks of user CQs the EQ queued",
     )
-    .zero_note("only armed user CQs (event mode) go through the tasklet"),
+    .zero_note("only armed user CQs (event mode) go through the tasklet")
+    .preset(Preset::Default),
     ProbeDef::module_function(
         Driver::Mlx5,
         "mlx5_ib",
         "mlx5_ib_cq_comp",
         "mlx5_ib calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
     )
-    .zero_note("only armed CQs (event mode) get completion callbacks"),
+    .zero_note("only armed CQs (event mode) get completion callbacks")
+    .preset(Preset::Minimal),
     ProbeDef::module_function(
         Driver::Mlx5,
         "mlx5_ib",
@@ -358,19 +426,23 @@ pub const PROBES: &[ProbeDef] = &[
         "irdma_ceq_handler",
         "irdma CEQ interrupt handler (hard IRQ): schedules the CEQ tasklet",
     )
-    .zero_note("CEQ 0 shares its vector with the AEQ where MSI-X is short (irdma_irq_handler)"),
+    .zero_note("CEQ 0 shares its vector with the AEQ where MSI-X is short (irdma_irq_handler)")
+    .preset(Preset::Default),
     ProbeDef::module_function(
         Driver::Irdma,
         "irdma",
         "irdma_ceq_dpc",
         "irdma CEQ tasklet: processes one completion event queue",
-    ),
+    )
+    .preset(Preset::Default),
     ProbeDef::module_function(
         Driver::Irdma,
         "irdma",
         "irdma_process_ceq",
         "irdma walks a CEQ: one CQ per event, whose comp_handler it calls",
-    ),
+    )
+    // irdma_iwarp_ce_handler is inlined here on the Debian kernels: this is the hand-off.
+    .preset(Preset::Minimal),
     ProbeDef::module_function(
         Driver::Irdma,
         "irdma",
@@ -398,20 +470,23 @@ pub const PROBES: &[ProbeDef] = &[
         "bnxt_re",
         "bnxt_qplib_nq_irq",
         "bnxt_re notification queue interrupt handler (hard IRQ): schedules the NQ tasklet",
-    ),
+    )
+    .preset(Preset::Default),
     ProbeDef::module_function(
         Driver::BnxtRe,
         "bnxt_re",
         "bnxt_qplib_service_nq",
         "bnxt_re NQ tasklet: walks the notification queue, one CQ per CQ notification",
-    ),
+    )
+    .preset(Preset::Default),
     ProbeDef::module_function(
         Driver::BnxtRe,
         "bnxt_re",
         "bnxt_re_cqn_handler",
         "bnxt_re calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
     )
-    .zero_note("only armed CQs (event mode) get completion callbacks"),
+    .zero_note("only armed CQs (event mode) get completion callbacks")
+    .preset(Preset::Minimal),
     ProbeDef::module_function(
         Driver::BnxtRe,
         "bnxt_re",
@@ -432,7 +507,8 @@ pub const PROBES: &[ProbeDef] = &[
         "mana",
         "mana_gd_intr",
         "MANA interrupt handler (hard IRQ): runs the handler of every EQ on the vector",
-    ),
+    )
+    .preset(Preset::Default),
     ProbeDef::module_function(
         Driver::Mana,
         "mana",
@@ -445,7 +521,8 @@ pub const PROBES: &[ProbeDef] = &[
         "mana_ib_cq_handler",
         "mana_ib calls the CQ's comp_handler (ib_uverbs_comp_handler for user CQs)",
     )
-    .zero_note("only armed CQs (event mode) get completion callbacks"),
+    .zero_note("only armed CQs (event mode) get completion callbacks")
+    .preset(Preset::Minimal),
     ProbeDef::module_function(
         Driver::Mana,
         "mana_ib",
@@ -492,7 +569,8 @@ pub const PROBES: &[ProbeDef] = &[
         "rxe_cq_post",
         "rxe writes a completion into a CQ (and notifies, when armed)",
     )
-    .progress(),
+    .progress()
+    .preset(Preset::Minimal),
     ProbeDef::module_function(
         Driver::Rxe,
         "rdma_rxe",
@@ -513,6 +591,7 @@ pub const PROBES: &[ProbeDef] = &[
         module: None,
         since: None,
         role: Role::Stage,
+        preset: Preset::Full,
     },
     ProbeDef {
         name: Cow::Borrowed("napi_poll packets"),
@@ -524,6 +603,7 @@ pub const PROBES: &[ProbeDef] = &[
         module: None,
         since: None,
         role: Role::Stage,
+        preset: Preset::Full,
     },
     ProbeDef::softirq("softirq NET_RX", 3, "NET_RX softirq runs (receive processing, NAPI polls)"),
     ProbeDef::softirq("softirq TASKLET", 6, "TASKLET softirq runs (mlx5 completion tasklets, rxe on 6.1)"),
@@ -587,14 +667,149 @@ mod tests {
         assert_eq!(Driver::from_name("mlx4"), None);
     }
 
+    /// The names of the rows with `role`, in table order.
+    fn with_role(role: Role) -> Vec<&'static str> {
+        PROBES
+            .iter()
+            .filter(|p| p.role == role)
+            .map(|p| p.name.as_ref())
+            .collect()
+    }
+
     #[test]
     fn one_row_counts_progress() {
-        let progress: Vec<&str> = PROBES
+        assert_eq!(with_role(Role::Progress), ["rxe_cq_post"]);
+    }
+
+    /// The names of the rows `preset` attaches, in table order.
+    fn names(preset: Preset) -> Vec<&'static str> {
+        PROBES
             .iter()
-            .filter(|p| p.role == Role::Progress)
-            .map(|p| p.name.as_ref())
+            .filter(|p| preset.holds(p))
+            .map(|p| match &p.name {
+                Cow::Borrowed(n) => *n,
+                Cow::Owned(n) => panic!("{n}: table rows borrow their names"),
+            })
+            .collect()
+    }
+
+    /// Every preset, smallest first.
+    const PRESETS: [Preset; 3] = [Preset::Minimal, Preset::Default, Preset::Full];
+
+    #[test]
+    fn presets_nest_and_full_is_the_whole_table() {
+        for pair in PRESETS.windows(2) {
+            let (small, large) = (names(pair[0]), names(pair[1]));
+            assert!(
+                small.iter().all(|n| large.contains(n)),
+                "{:?} ⊄ {:?}",
+                pair[0],
+                pair[1]
+            );
+            assert!(small.len() < large.len(), "{:?} adds nothing", pair[1]);
+        }
+        assert_eq!(Preset::Full.select(PROBES, false).len(), PROBES.len());
+        for preset in PRESETS {
+            let rows = preset.select(PROBES, false);
+            assert_eq!(rows.len(), names(preset).len(), "{preset:?}");
+            assert!(rows.iter().all(|r| preset.holds(r)));
+        }
+    }
+
+    #[test]
+    fn a_per_process_run_adds_the_row_that_counts_reads_to_any_preset() {
+        assert_eq!(with_role(Role::Reads), ["wakeup"]);
+        let Shape::Interval { to, .. } = &PROBES.iter().find(|p| p.name == "wakeup").unwrap().shape
+        else {
+            panic!("wakeup is an interval")
+        };
+        assert_eq!(*to, "ib_uverbs_comp_event_read");
+        for preset in PRESETS {
+            let demo: Vec<String> = preset
+                .select(PROBES, false)
+                .iter()
+                .map(|p| p.name.to_string())
+                .collect();
+            let workload: Vec<String> = preset
+                .select(PROBES, true)
+                .iter()
+                .map(|p| p.name.to_string())
+                .collect();
+            assert_eq!(demo, names(preset), "{preset:?}");
+            assert!(workload.contains(&"wakeup".to_owned()), "{preset:?}");
+            let added: Vec<&String> = workload.iter().filter(|n| !demo.contains(n)).collect();
+            assert!(added.len() <= 1, "{preset:?}: {added:?}");
+        }
+    }
+
+    #[test]
+    fn minimal_is_the_handler_and_each_drivers_hand_off() {
+        assert_eq!(
+            names(Preset::Minimal),
+            [
+                "ib_uverbs_comp_handler",
+                "mlx5_ib_cq_comp",
+                "irdma_process_ceq",
+                "bnxt_re_cqn_handler",
+                "mana_ib_cq_handler",
+                "rxe_cq_post",
+            ]
+        );
+        // One row per RDMA driver path, the progress row among them.
+        for d in Driver::ALL {
+            let n = PROBES
+                .iter()
+                .filter(|p| p.driver == d && p.preset == Preset::Minimal)
+                .count();
+            let want = usize::from(d != Driver::Network);
+            assert_eq!(n, want, "{d:?}");
+        }
+        let progress = PROBES.iter().find(|p| p.role == Role::Progress).unwrap();
+        assert_eq!(progress.preset, Preset::Minimal);
+    }
+
+    #[test]
+    fn the_default_adds_one_row_per_stage_of_each_hardware_path_and_nothing_machine_wide() {
+        let added: Vec<&str> = names(Preset::Default)
+            .into_iter()
+            .filter(|n| !names(Preset::Minimal).contains(n))
             .collect();
-        assert_eq!(progress, ["rxe_cq_post"]);
+        assert_eq!(
+            added,
+            [
+                // opt-in (--uprobes) whatever the preset
+                "ibv_get_cq_event",
+                // mlx5: hard IRQ (EQ handler), completion tasklet
+                "mlx5_eq_comp_int",
+                "mlx5_cq_tasklet_cb",
+                // irdma: hard IRQ (CEQ handler), CEQ tasklet (around irdma_process_ceq)
+                "irdma_ceq_handler",
+                "irdma_ceq_dpc",
+                // bnxt_re: hard IRQ (NQ handler), NQ tasklet
+                "bnxt_qplib_nq_irq",
+                "bnxt_qplib_service_nq",
+                // mana: hard IRQ, which walks the EQ in place
+                "mana_gd_intr",
+            ]
+        );
+        for p in PROBES.iter().filter(|p| Preset::Default.holds(p)) {
+            // Softirq, IRQ and NAPI rows run on every softirq, IRQ or poll of the machine; the
+            // wake-up interval is the waterfall's to measure; kernel consumers' polls are not
+            // the demo's path.
+            assert!(
+                matches!(p.shape, Shape::Duration { .. } | Shape::UserFunction { .. }),
+                "{} is in the default",
+                p.name
+            );
+            assert_ne!(p.driver, Driver::Network, "{}", p.name);
+            assert!(!p.name.ends_with("_poll_cq"), "{}", p.name);
+        }
+        // Every rxe function but the CQ post is in `full` alone.
+        let rxe: Vec<&str> = names(Preset::Default)
+            .into_iter()
+            .filter(|n| n.starts_with("rxe_"))
+            .collect();
+        assert_eq!(rxe, ["rxe_cq_post"]);
     }
 
     #[test]

@@ -11,7 +11,6 @@ use serde::Serialize;
 
 use crate::{
     bpf::calibrate::Calibration,
-    kernel::{plan::Options, probes::ProbeDef},
     model::overhead::{Added, Overhead, ProgramOverhead},
 };
 
@@ -25,60 +24,8 @@ pub fn parse_percent(s: &str) -> Result<f64, String> {
     }
 }
 
-/// `--probes`: which rows of the probe table a run attaches.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Preset {
-    /// One probe per stage of the completion path: the completion, its event, the wake-up,
-    /// NET_RX and NAPI (the cheapest view; rxe_cq_post also drives the progress count).
-    Minimal,
-    /// Every kernel probe of the table (user-space probes with --uprobes).
-    #[default]
-    Default,
-    /// Everything: the default rows, the user-space probes and every driver's rows.
-    Full,
-}
-
-/// The rows of `--probes minimal`.
-pub const MINIMAL: &[&str] = &[
-    "ib_uverbs_comp_handler",
-    "wakeup",
-    "mlx5_ib_cq_comp",
-    "irq mlx5_comp",
-    "rxe_cq_post",
-    "napi_poll packets",
-    "softirq NET_RX",
-];
-
-impl Preset {
-    /// Its name on the command line and in the JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Preset::Minimal => "minimal",
-            Preset::Default => "default",
-            Preset::Full => "full",
-        }
-    }
-
-    /// The rows of the table this preset attaches.
-    pub fn select(self, defs: &[ProbeDef]) -> Vec<ProbeDef> {
-        defs.iter()
-            .filter(|d| self != Preset::Minimal || MINIMAL.contains(&d.name.as_ref()))
-            .cloned()
-            .collect()
-    }
-
-    /// The user's options, with what the preset adds.
-    pub fn options(self, opts: Options) -> Options {
-        match self {
-            Preset::Full => Options {
-                all_drivers: true,
-                uprobes: true,
-            },
-            _ => opts,
-        }
-    }
-}
+/// `--probes`, whose rows the probe table names (`kernel::probes`).
+pub use crate::kernel::probes::Preset;
 
 /// The attach mechanism of one of our programs, from its name in the eBPF object.
 pub fn mechanism_of(program: &str) -> &'static str {
@@ -388,24 +335,6 @@ mod tests {
             let e = parse_percent(bad).unwrap_err();
             assert!(e.contains("not a percentage in (0, 100]"), "{bad}: {e}");
         }
-    }
-
-    #[test]
-    fn presets_pick_rows_of_the_table() {
-        let all = crate::kernel::probes::PROBES;
-        let min = Preset::Minimal.select(all);
-        assert_eq!(
-            min.len(),
-            MINIMAL.len(),
-            "every minimal row exists in the table"
-        );
-        assert!(min.len() < all.len());
-        assert_eq!(Preset::Default.select(all).len(), all.len());
-        assert_eq!(Preset::Full.select(all).len(), all.len());
-        let o = Preset::Full.options(Options::default());
-        assert!(o.uprobes && o.all_drivers);
-        let o = Preset::Minimal.options(Options::default());
-        assert!(!o.uprobes && !o.all_drivers);
     }
 
     #[test]

@@ -31,14 +31,19 @@ pub fn attach(
     extra: &Extra,
     timeline_file: Option<File>,
 ) -> Result<Attached> {
-    let defs = args.probes.select(PROBES);
+    // A workload's report counts each process's completion-event reads.
+    let defs = args.probes.select(
+        PROBES,
+        extra.workload != rdma_trace_common::workload::WL_OFF,
+    );
     let mut session = Session::start_with(
         kernel,
         &defs,
-        args.probes.options(Options {
+        Options {
             all_drivers: args.all_drivers,
             uprobes: args.uprobes,
-        }),
+        }
+        .with_preset(args.probes),
         &extra.object_config(),
     )?;
     // The session's probes are on the RDMA path, softirqs and IRQs: the umask calls of the

@@ -183,7 +183,8 @@ pub fn next_hints(phases: &[Phase], budget_percent: f64, detail: Detail) -> Stri
             ),
             "driver" => Some(
                 "driver → handler is the largest stage: completion delivery (IRQ, softirq or \
-                 tasklet); `rdma-trace irq` and `rdma-trace softirqs` show where it waits",
+                 tasklet); `rdma-trace irq` and `rdma-trace softirqs` show where it waits, \
+                 --probes full times every driver function, softirq and NAPI poll",
             ),
             "read" => Some(
                 "on CPU → read is the largest stage: the reader does other work between waking \
@@ -202,8 +203,8 @@ pub fn next_hints(phases: &[Phase], budget_percent: f64, detail: Detail) -> Stri
         .is_some_and(|a| a.percent > budget_percent)
     {
         hints.push(format!(
-            "tracing is over the {budget_percent} % budget: --probes minimal attaches one probe \
-             per stage, --no-waterfall drops the waterfall"
+            "tracing is over the {budget_percent} % budget: --probes minimal keeps the completion \
+             handler and each driver's hand-off, --no-waterfall drops the waterfall"
         ));
     }
     if !detail.hist {

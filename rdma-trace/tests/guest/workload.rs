@@ -502,8 +502,16 @@ fn check_trace_events(doc: &Value) -> Vec<(String, u64, u64)> {
 fn timeline_of_an_event_pair_is_valid_nested_and_bounded() {
     let path = temp_json("timeline");
     let path_s = path.to_str().unwrap().to_owned();
+    // The full preset: softirq rows (raw tracepoints) have slices too.
     let (status, stdout, run_doc) = run_cmd(
-        &["--timeline", &path_s, "--timeline-sample", "10"],
+        &[
+            "--timeline",
+            &path_s,
+            "--timeline-sample",
+            "10",
+            "--probes",
+            "full",
+        ],
         &rc_pingpong_pair(true, 300, 18_607),
         "tl",
     );
