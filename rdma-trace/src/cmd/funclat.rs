@@ -13,7 +13,7 @@ use crate::{
     error::Unsupported,
     kernel::facts::Kernel,
     kernel::plan::Options,
-    kernel::probes::{Driver, Method, Preset, ProbeDef, Role, Shape},
+    kernel::probes::{Driver, Method, ProbeDef, Shape},
     model::report::{ProbeReport, probe_reports, render},
     model::window::{Window, wait_window},
     output::write_json_if,
@@ -62,20 +62,17 @@ pub async fn run(args: &Args) -> Result<Option<i32>> {
     let defs: Vec<ProbeDef> = args
         .functions
         .iter()
-        .map(|f| ProbeDef {
-            name: Cow::Owned(f.clone()),
-            what: "kernel function, entry → return",
-            driver: Driver::Network,
-            shape: Shape::Duration {
-                function: Cow::Owned(f.clone()),
-            },
-            methods: &[Method::Kprobe, Method::Fentry],
-            zero_note: None,
-            module: None,
-            since: None,
-            role: Role::Stage,
+        .map(|f| {
             // This command's own rows: `run`'s presets never see them.
-            preset: Preset::Full,
+            ProbeDef::stage(
+                Cow::Owned(f.clone()),
+                "kernel function, entry → return",
+                Driver::Network,
+                Shape::Duration {
+                    function: Cow::Owned(f.clone()),
+                },
+                &[Method::Kprobe, Method::Fentry],
+            )
         })
         .collect();
     let mut session = Session::start(&kernel, &defs, Options::default())?;

@@ -13,7 +13,7 @@ use crate::{
     error::Unsupported,
     kernel::facts::Kernel,
     kernel::plan::Options,
-    kernel::probes::{Driver, Method, PROBES, Patterns, Preset, ProbeDef, Role, Shape, glob_match},
+    kernel::probes::{Driver, Method, PROBES, Patterns, ProbeDef, Shape, glob_match},
     model::baseline::{Baseline, delta},
     model::overhead::Overhead,
     model::report::{ProbeReport, probe_reports, render},
@@ -120,20 +120,17 @@ fn irq_probes(irqs: &[(u32, String)], patterns: &[String]) -> Vec<ProbeDef> {
     let mut defs: Vec<ProbeDef> = names
         .into_iter()
         .take(rdma_trace_common::MAX_IRQS as usize)
-        .map(|name| ProbeDef {
-            name: Cow::Owned(format!("irq {name}")),
-            what: "hard IRQ handler, entry → exit",
-            driver: Driver::Network,
-            shape: Shape::Irq {
-                patterns: Patterns::Owned(vec![name.to_owned()]),
-            },
-            methods: &[Method::RawTracepoint],
-            zero_note: None,
-            module: None,
-            since: None,
-            role: Role::Stage,
+        .map(|name| {
             // This command's own rows: `run`'s presets never see them.
-            preset: Preset::Full,
+            ProbeDef::stage(
+                Cow::Owned(format!("irq {name}")),
+                "hard IRQ handler, entry → exit",
+                Driver::Network,
+                Shape::Irq {
+                    patterns: Patterns::Owned(vec![name.to_owned()]),
+                },
+                &[Method::RawTracepoint],
+            )
         })
         .collect();
     defs.extend(PROBES.iter().filter_map(|p| match p.shape {

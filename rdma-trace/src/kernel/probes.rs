@@ -240,6 +240,29 @@ const MODULE_FUNC: &[Method] = &[Method::Kprobe];
 const TRACEPOINT: &[Method] = &[Method::RawTracepoint];
 
 impl ProbeDef {
+    /// A stage row of the full preset, with no note, module or version limit: what the
+    /// constructors below and the commands' own rows (`funclat`, `irq`) start from.
+    pub const fn stage(
+        name: Cow<'static, str>,
+        what: &'static str,
+        driver: Driver,
+        shape: Shape,
+        methods: &'static [Method],
+    ) -> ProbeDef {
+        ProbeDef {
+            name,
+            what,
+            driver,
+            shape,
+            methods,
+            zero_note: None,
+            module: None,
+            since: None,
+            role: Role::Stage,
+            preset: Preset::Full,
+        }
+    }
+
     /// The common row: one function of kernel module `module`, entry → return (kprobe and
     /// kretprobe), reported under the function's own name.
     const fn module_function(
@@ -248,20 +271,17 @@ impl ProbeDef {
         function: &'static str,
         what: &'static str,
     ) -> ProbeDef {
-        ProbeDef {
-            name: Cow::Borrowed(function),
+        let mut row = ProbeDef::stage(
+            Cow::Borrowed(function),
             what,
             driver,
-            shape: Shape::Duration {
+            Shape::Duration {
                 function: Cow::Borrowed(function),
             },
-            methods: MODULE_FUNC,
-            zero_note: None,
-            module: Some(module),
-            since: None,
-            role: Role::Stage,
-            preset: Preset::Full,
-        }
+            MODULE_FUNC,
+        );
+        row.module = Some(module);
+        row
     }
 
     /// A row of the hard IRQ handlers whose /proc/interrupts names match `patterns` (raw
@@ -272,36 +292,26 @@ impl ProbeDef {
         patterns: &'static [&'static str],
         what: &'static str,
     ) -> ProbeDef {
-        ProbeDef {
-            name: Cow::Borrowed(name),
+        ProbeDef::stage(
+            Cow::Borrowed(name),
             what,
             driver,
-            shape: Shape::Irq {
+            Shape::Irq {
                 patterns: Patterns::Table(patterns),
             },
-            methods: TRACEPOINT,
-            zero_note: None,
-            module: None,
-            since: None,
-            role: Role::Stage,
-            preset: Preset::Full,
-        }
+            TRACEPOINT,
+        )
     }
 
     /// A row timing softirq vector `vector`, entry → exit (raw tracepoints).
     pub const fn softirq(name: &'static str, vector: u32, what: &'static str) -> ProbeDef {
-        ProbeDef {
-            name: Cow::Borrowed(name),
+        ProbeDef::stage(
+            Cow::Borrowed(name),
             what,
-            driver: Driver::Network,
-            shape: Shape::Softirq { vector },
-            methods: TRACEPOINT,
-            zero_note: None,
-            module: None,
-            since: None,
-            role: Role::Stage,
-            preset: Preset::Full,
-        }
+            Driver::Network,
+            Shape::Softirq { vector },
+            TRACEPOINT,
+        )
     }
 
     /// The row, with a note shown when it counts nothing although attached.
@@ -579,32 +589,22 @@ pub const PROBES: &[ProbeDef] = &[
     )
     .zero_note("the rxe provider polls the CQ mapped into user space, without the kernel: expected 0, not a bug"),
     // ---- network and interrupts
-    ProbeDef {
-        name: Cow::Borrowed("__napi_poll"),
-        what: "one NAPI poll of a device or the backlog",
-        driver: Driver::Network,
-        shape: Shape::Duration {
+    ProbeDef::stage(
+        Cow::Borrowed("__napi_poll"),
+        "one NAPI poll of a device or the backlog",
+        Driver::Network,
+        Shape::Duration {
             function: Cow::Borrowed("__napi_poll"),
         },
-        methods: FUNC,
-        zero_note: None,
-        module: None,
-        since: None,
-        role: Role::Stage,
-        preset: Preset::Full,
-    },
-    ProbeDef {
-        name: Cow::Borrowed("napi_poll packets"),
-        what: "packets handled per NAPI poll (napi:napi_poll work; budget is usually 64)",
-        driver: Driver::Network,
-        shape: Shape::NapiPoll,
-        methods: TRACEPOINT,
-        zero_note: None,
-        module: None,
-        since: None,
-        role: Role::Stage,
-        preset: Preset::Full,
-    },
+        FUNC,
+    ),
+    ProbeDef::stage(
+        Cow::Borrowed("napi_poll packets"),
+        "packets handled per NAPI poll (napi:napi_poll work; budget is usually 64)",
+        Driver::Network,
+        Shape::NapiPoll,
+        TRACEPOINT,
+    ),
     ProbeDef::softirq("softirq NET_RX", 3, "NET_RX softirq runs (receive processing, NAPI polls)"),
     ProbeDef::softirq("softirq TASKLET", 6, "TASKLET softirq runs (mlx5 completion tasklets, rxe on 6.1)"),
     ProbeDef::irq(
