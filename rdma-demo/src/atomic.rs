@@ -240,7 +240,7 @@ pub fn server(s: &Server, p: Params) -> Result<Report, DemoError> {
         0,
         u64::from(p.clients),
     );
-    let mut run = Run::new("server", &ep, p.iterations, totals);
+    let mut run = Run::new("server", &ep, p.iterations, totals).with_stamps(comp.stamps());
     run.notes.push(format!(
         "server: {} client(s); 24 bytes at {:#x} rkey {:#x} (REMOTE_ATOMIC only)",
         p.clients, buffer.addr, buffer.rkey
@@ -420,7 +420,7 @@ pub fn client(c: &Client, p: Params) -> Result<Report, DemoError> {
     let ops = fadds.len() as u64 + cass.len() as u64 + untimed * u64::from(p.iterations);
     let totals = Totals::one_sided_client(total, p.iterations, comp.wait_time(), ops);
     Ok(Report {
-        run: Run::new("client", &ep, p.iterations, totals),
+        run: Run::new("client", &ep, p.iterations, totals).with_stamps(comp.stamps()),
         client_id: Some(id),
         repeat: p.repeat,
         final_counter: None,

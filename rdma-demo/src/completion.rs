@@ -13,6 +13,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::exchange::secs;
+use crate::stamps::{Polled, Stamps};
 use crate::verbs::{
     CompletionQueue, MemoryRegion, QueuePair, SendOp, VerbsError, WcOpcode, WorkCompletion,
 };
@@ -79,6 +80,10 @@ pub struct Completions {
     completions: u64,
     /// Poll mode: sleep this long after a poll that found nothing (see [`Completions::passive`]).
     nap: Option<Duration>,
+    /// `--stamps`: this thread's event reads and posts (see [`Completions::with_stamps`]),
+    /// and the completions polled so far (counted only then).
+    stamps: Option<Stamps>,
+    polled: Polled,
 }
 
 /// How long a passive poller sleeps between polls that find nothing. Its wait is not measured,
@@ -102,7 +107,29 @@ impl Completions {
             events: 0,
             completions: 0,
             nap: None,
+            stamps: None,
+            polled: Polled::default(),
         })
+    }
+
+    /// Stamps the first `limit` event reads and posts of the calling thread (none for 0): the
+    /// thread that waits on these completions must be the one that calls this.
+    pub fn with_stamps(mut self, limit: u32) -> Self {
+        self.stamps = (limit > 0).then(|| Stamps::new(limit));
+        self
+    }
+
+    /// The stamps taken so far, when asked for.
+    pub fn stamps(&self) -> Option<Stamps> {
+        self.stamps.clone()
+    }
+
+    /// Call right before each `ibv_post_send` whose completion comes here (or whose message
+    /// the peer receives): stamps it, when asked for.
+    pub fn stamp_post(&mut self) {
+        if let Some(s) = self.stamps.as_mut() {
+            s.post_now();
+        }
     }
 
     /// For a side whose waits are not measured: the server of a one-sided demo (WRITE/READ,
@@ -149,6 +176,12 @@ impl Completions {
     fn drain(&mut self) -> Result<usize, VerbsError> {
         self.scratch.clear();
         let n = self.cq.poll(&mut self.scratch)?;
+        if self.stamps.is_some() {
+            let recvs = self.scratch.iter().filter(|wc| wc.opcode == WcOpcode::Recv);
+            let recvs = recvs.count() as u64;
+            self.polled.recvs += recvs;
+            self.polled.sends += n as u64 - recvs;
+        }
         self.pending.extend(self.scratch.drain(..));
         Ok(n)
     }
@@ -205,8 +238,14 @@ impl Completions {
                     break true;
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() || !self.cq.wait_event(left)? {
+                if left.is_zero() {
                     break false;
+                }
+                let Some(event) = self.cq.wait_event(left, self.stamps.is_some())? else {
+                    break false;
+                };
+                if let (Some(s), Some(t)) = (self.stamps.as_mut(), event.read_at) {
+                    s.read_at(t, self.polled);
                 }
                 self.events += 1;
                 self.cq.arm()?;
@@ -289,6 +328,7 @@ pub fn post_and_wait(
     len: u32,
     what: &dyn Fn() -> String,
 ) -> Result<u64, CompletionError> {
+    comp.stamp_post();
     let t0 = Instant::now();
     qp.post_send(wr_id, op, mr, offset, len, true)?;
     let wc = comp.next(what)?;

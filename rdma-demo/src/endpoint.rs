@@ -27,6 +27,8 @@ pub struct EndpointOptions {
     pub timeout: Duration,
     /// A fault to inject, for tests of the error paths.
     pub fault: Option<Fault>,
+    /// `--stamps N`: stamp the first N event reads and posts of each side (0: none).
+    pub stamps: u32,
 }
 
 /// Faults `--inject-fault` can cause (hidden; for tests).
@@ -56,6 +58,8 @@ pub struct Endpoint {
     pub mode: Mode,
     pub timeout: Duration,
     pub fault: Option<Fault>,
+    /// Event reads and posts to stamp ([`EndpointOptions::stamps`]).
+    pub stamps: u32,
     /// What was chosen, for the user ("using GID index 1 ...").
     pub notes: Vec<String>,
 }
@@ -184,6 +188,7 @@ impl Endpoint {
             mode: opts.mode,
             timeout: opts.timeout,
             fault: opts.fault,
+            stamps: opts.stamps,
             notes,
         })
     }
@@ -197,9 +202,10 @@ impl Endpoint {
         Ok(CompletionQueue::new(&self.ctx, depth, channel.as_ref())?)
     }
 
-    /// The completions of `cq`, waited for in this endpoint's mode and within its timeout.
+    /// The completions of `cq`, waited for in this endpoint's mode and within its timeout,
+    /// with the calling thread's stamps when asked for.
     pub fn completions(&self, cq: Rc<CompletionQueue>) -> Result<Completions, DemoError> {
-        Ok(Completions::new(cq, self.mode, self.timeout)?)
+        Ok(Completions::new(cq, self.mode, self.timeout)?.with_stamps(self.stamps))
     }
 
     /// An RC QP that sends and receives on `cq` (at most `send_wr` and `recv_wr` requests

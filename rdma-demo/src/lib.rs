@@ -20,6 +20,7 @@ pub mod phase;
 pub mod pingpong;
 pub mod report;
 pub mod role;
+pub mod stamps;
 pub mod stats;
 pub mod sysfs;
 #[cfg(test)]

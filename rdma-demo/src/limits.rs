@@ -11,3 +11,7 @@ pub const MAX_SIZE: u32 = 1_048_576;
 /// small, so that a run stays quick under emulation (perftest's ib_send_lat uses 2 bytes;
 /// the ping-pong's sequence number needs 8).
 pub const DEFAULT_SIZE: u32 = 64;
+/// Most user-space stamps of each kind per side (`--stamps`; 16 bytes each, reserved at the
+/// start): also the most per-event samples `rdma-trace run --sample` keeps, which asks the
+/// demo for as many stamps.
+pub const MAX_STAMPS: u32 = 1_000_000;

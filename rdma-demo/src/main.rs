@@ -203,6 +203,11 @@ struct CommonArgs {
     /// Also write the results and the run's parameters as JSON to PATH
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// Per side, stamp (CLOCK_MONOTONIC) the first N completion-event reads, right after
+    /// ibv_get_cq_event returns, and the first N posts, right before ibv_post_send, with the
+    /// thread's id: `stamps` in the --json reports
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=i64::from(limits::MAX_STAMPS)))]
+    stamps: u32,
     /// Inject a fault on the client side (for tests)
     #[arg(long, value_enum, value_name = "FAULT", hide = true)]
     inject_fault: Option<Fault>,
@@ -332,6 +337,12 @@ fn main() -> ExitCode {
                     .to_string(),
             })
         }
+        Command::WritePingpong(a) if a.common.stamps > 0 => Err(Failure {
+            code: exit::USAGE,
+            message: "write-pingpong takes no completion events and posts no sends it waits for: \
+                      --stamps is for pingpong, write-read and atomic"
+                .to_string(),
+        }),
         Command::WritePingpong(a) => run_sized(
             &a.common,
             "write-pingpong",
@@ -396,6 +407,7 @@ impl CommonArgs {
             mode: if self.event { Mode::Event } else { self.mode },
             timeout: Duration::from_secs_f64(self.timeout),
             fault: None,
+            stamps: self.stamps,
         }
     }
 
@@ -427,6 +439,7 @@ impl CommonArgs {
             "bind": self.bind,
             "mode": o.mode,
             "timeout_s": self.timeout,
+            "stamps": self.stamps,
         })
     }
 }
@@ -722,6 +735,27 @@ mod tests {
             assert!(parses(&[demo, "-s", &n(MAX_SIZE)]), "{demo}");
             assert!(!parses(&[demo, "-s", &n(MAX_SIZE + 1)]), "{demo}");
         }
+    }
+
+    #[test]
+    fn stamps_are_off_unless_asked_for_and_bounded() {
+        let stamps = |args: &[&str]| -> Option<u32> {
+            let cli =
+                Cli::try_parse_from([&["rdma-demo", "pingpong", "--loopback"][..], args].concat())
+                    .ok()?;
+            let Command::Pingpong(a) = cli.command else {
+                panic!("not pingpong")
+            };
+            let (c, s) = (a.common.client_options(), a.common.server_options());
+            assert_eq!(c.stamps, s.stamps, "both sides stamp");
+            assert_eq!(a.common.params_json()["stamps"], c.stamps);
+            Some(c.stamps)
+        };
+        assert_eq!(stamps(&[]), Some(0));
+        assert_eq!(stamps(&["--stamps", "500"]), Some(500));
+        let max = rdma_demo::limits::MAX_STAMPS;
+        assert_eq!(stamps(&["--stamps", &max.to_string()]), Some(max));
+        assert_eq!(stamps(&["--stamps", &(max + 1).to_string()]), None);
     }
 
     #[test]

@@ -119,8 +119,9 @@ impl Side {
         )
     }
 
-    fn send(&self, value: u64) -> Result<(), DemoError> {
+    fn send(&mut self, value: u64) -> Result<(), DemoError> {
         self.mr.write(0, &value.to_le_bytes());
+        self.comp.stamp_post();
         Ok(self
             .qp
             .post_send(WR_SEND, SendOp::Send, &self.mr, 0, self.size, true)?)
@@ -155,7 +156,7 @@ impl Side {
         latency: RoundTrips,
     ) -> Report {
         Report {
-            run: Run::new(role, &self.ep, p.iterations, totals),
+            run: Run::new(role, &self.ep, p.iterations, totals).with_stamps(self.comp.stamps()),
             port: self.ep.port,
             gid_index: self.ep.sgid_index,
             mtu: self.ep.mtu.bytes(),

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::completion::Mode;
 use crate::endpoint::Endpoint;
+use crate::stamps::Stamps;
 use crate::stats::{self, RoundTrips, Summary, Totals};
 
 /// The part of a report every demo has; a report flattens it into its JSON object.
@@ -17,6 +18,9 @@ pub struct Run {
     pub mode: Mode,
     pub iterations: u32,
     pub totals: Totals,
+    /// `--stamps N`: this side's event reads and posts, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stamps: Option<Stamps>,
     /// Printed first; not in the JSON.
     #[serde(skip)]
     pub notes: Vec<String>,
@@ -31,8 +35,15 @@ impl Run {
             mode: ep.mode,
             iterations,
             totals,
+            stamps: None,
             notes: ep.notes.clone(),
         }
+    }
+
+    /// With the stamps of the side's completions ([`crate::completion::Completions::stamps`]).
+    pub fn with_stamps(mut self, stamps: Option<Stamps>) -> Self {
+        self.stamps = stamps;
+        self
     }
 
     /// The title line of a demo of `size`-byte messages or buffers:
@@ -111,6 +122,7 @@ mod tests {
             mode: Mode::Event,
             iterations: 10,
             totals: Totals::ping_pong(Duration::from_millis(1), 10, Duration::ZERO),
+            stamps: None,
             notes: Vec::new(),
         };
         assert_eq!(

@@ -151,7 +151,7 @@ pub fn server(s: &Server, p: Params) -> Result<Report, DemoError> {
         0,
         1,
     );
-    let mut run = Run::new("server", &ep, p.iterations, totals);
+    let mut run = Run::new("server", &ep, p.iterations, totals).with_stamps(comp.stamps());
     run.notes.push(format!(
         "server: exposed {size} bytes at {:#x} rkey {:#x} (REMOTE_READ|REMOTE_WRITE); its CPU only waited for the final SEND",
         buffer.addr, buffer.rkey
@@ -249,7 +249,7 @@ pub fn client(c: &Client, p: Params) -> Result<Report, DemoError> {
     let ops = 2 * u64::from(p.iterations) + 1;
     let totals = Totals::one_sided_client(total, p.iterations, comp.wait_time(), ops);
     Ok(Report {
-        run: Run::new("client", &ep, p.iterations, totals),
+        run: Run::new("client", &ep, p.iterations, totals).with_stamps(comp.stamps()),
         size: p.size,
         first_read: Some(first_read),
         write_us: stats::summarize(&writes),

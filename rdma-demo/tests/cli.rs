@@ -303,14 +303,22 @@ fn write_pingpong_wants_a_size_of_whole_words() {
     }
 }
 
+/// write-pingpong polls memory: it has no event mode, and nothing for `--stamps` to stamp.
 #[test]
-fn write_pingpong_has_no_event_mode() {
-    for flags in [&["-e"][..], &["--mode", "event"]] {
+fn write_pingpong_has_no_event_mode_nor_stamps() {
+    for (flags, says) in [
+        (&["-e"][..], "it has no event mode"),
+        (&["--mode", "event"], "it has no event mode"),
+        (
+            &["--stamps", "10"],
+            "--stamps is for pingpong, write-read and atomic",
+        ),
+    ] {
         let out = rdma_demo(&[&["write-pingpong", "--loopback"][..], flags].concat());
         assert_eq!(out.status.code(), Some(2), "{flags:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains("it has no event mode"), "{err}");
+        assert!(err.contains(says), "{err}");
     }
 }
 

@@ -5,9 +5,10 @@
 //! woke the waiting thread (`sched_waking`), T3 the thread got a CPU (`sched_switch`), T4 its
 //! `ib_uverbs_comp_event_read` returned. An event whose reader was already awake (no wake-up
 //! inside its handler) has only T1 and T4; its T1→T4 is split into the time its reader was
-//! preempted and waiting for a CPU and the rest (on a CPU doing other work, or asleep on
+//! runnable and waiting for a CPU and the rest (on a CPU doing other work, or asleep on
 //! something else). The eBPF side clamps T1 ≤ T2 ≤ T3 ≤ T4 per event, so the stages partition
-//! T1→T4 exactly, and sums them in nanoseconds beside the histograms.
+//! T1→T4 exactly, and sums them in nanoseconds beside the histograms; it counts the events it
+//! had to clamp ([`L_CLAMPED`]) and every other loss (`L_*`).
 
 use crate::HIST_SLOTS;
 
@@ -33,8 +34,9 @@ pub const H_READ: u32 = 3;
 pub const H_AWAKE: u32 = 4;
 /// Histogram: T1→T4 of every event, measured directly (not as a sum).
 pub const H_TOTAL: u32 = 5;
-/// Histogram: the part of [`H_AWAKE`] the reader spent preempted, runnable and waiting for a
-/// CPU (from `sched_switch`'s `prev_state`: switched out while still running).
+/// Histogram: the part of [`H_AWAKE`] the reader spent runnable and waiting for a CPU:
+/// switched out while still running (`sched_switch`'s `prev_state`), or woken by anything,
+/// until it got a CPU.
 pub const H_AWAKE_RUNQ: u32 = 6;
 /// Histogram: the rest of [`H_AWAKE`]: the reader on a CPU doing other work, or asleep on
 /// something else than this channel.
@@ -78,6 +80,30 @@ pub const W_DRIVER_WOKEN_SUM: u32 = 7;
 pub const W_SUM: u32 = 8;
 pub const NR_WCOUNTERS: u32 = W_SUM + H_CLASS;
 
+/// Loss counter: events whose T2 or T3 lay outside [T1, T4] (or T3 before T2) and were clamped
+/// into it: their stages are approximate (the wake-up or switch-in was likely another event's).
+pub const L_CLAMPED: u32 = 0;
+/// Loss counter: handler calls not mirrored because the queue map (`WF_QUEUES`, one entry per
+/// completion channel) was full: their reads count as unmatched.
+pub const L_NO_QUEUE: u32 = 1;
+/// Loss counter: threads that found every thread slot taken: counted in the shared last slot.
+pub const L_NO_SLOT: u32 = 2;
+/// Loss counter: wake-ups not stored (`WF_WAKE` insert failed): their events count as awake.
+pub const L_WAKE_NOT_STORED: u32 = 3;
+/// Loss counter: read entries not stored (`WF_READING` insert failed): the read is not seen.
+pub const L_READ_NOT_STORED: u32 = 4;
+/// Loss counter: thread → slot entries not stored (`WF_SLOT_OF` insert failed).
+pub const L_SLOT_NOT_STORED: u32 = 5;
+/// Loss counter: samples the ring had no room for (`--sample`, `--timeline`).
+pub const L_SAMPLES: u32 = 6;
+/// Loss counter: reads that began while the same thread's previous read was still open: that
+/// read's return was missed (kretprobe `maxactive`), its event is not in the waterfall. The
+/// mirror drops its channel's oldest event then, the one such a read most likely returned.
+pub const L_RETURN_MISSED: u32 = 7;
+/// Loss counter: threads whose slot was forgotten (`WF_SLOT_OF` is LRU) and found again.
+pub const L_SLOT_REFOUND: u32 = 8;
+pub const NR_LOSSES: u32 = 9;
+
 /// Per thread slot and CPU: counters, placement classes and the CPUs of the stages.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +117,8 @@ pub struct WfCounts {
     pub waiter_cpu: [u64; WF_CPUS as usize],
     /// Events per CPU of the read's return (T4).
     pub read_cpu: [u64; WF_CPUS as usize],
+    /// Loss counters (`L_*`): per thread where a thread is known, else in the last slot.
+    pub lost: [u64; NR_LOSSES as usize],
 }
 
 /// The loader's arithmetic on the records: it sums a thread's per-CPU records, merges thread
@@ -103,6 +131,7 @@ impl WfCounts {
         handler_cpu: [0; WF_CPUS as usize],
         waiter_cpu: [0; WF_CPUS as usize],
         read_cpu: [0; WF_CPUS as usize],
+        lost: [0; NR_LOSSES as usize],
     };
 
     /// Adds every count of `o` to this one's.
@@ -115,9 +144,9 @@ impl WfCounts {
         self.each_with(o, |x, y| *x = x.saturating_sub(y));
     }
 
-    /// Nothing counted in `counters` (the other arrays only break those events down).
+    /// Nothing counted in `counters` nor lost (the other arrays only break the events down).
     pub fn is_zero(&self) -> bool {
-        self.counters.iter().all(|&c| c == 0)
+        self.counters.iter().chain(&self.lost).all(|&c| c == 0)
     }
 
     /// Counter `counter` (`W_*`).
@@ -127,12 +156,13 @@ impl WfCounts {
 
     /// `f` on each count and `o`'s count at the same place.
     fn each_with(&mut self, o: &WfCounts, f: impl Fn(&mut u64, u64)) {
-        let pairs: [(&mut [u64], &[u64]); 5] = [
+        let pairs: [(&mut [u64], &[u64]); 6] = [
             (&mut self.counters, &o.counters),
             (&mut self.classes, &o.classes),
             (&mut self.handler_cpu, &o.handler_cpu),
             (&mut self.waiter_cpu, &o.waiter_cpu),
             (&mut self.read_cpu, &o.read_cpu),
+            (&mut self.lost, &o.lost),
         ];
         for (a, b) in pairs {
             for (x, y) in a.iter_mut().zip(b) {
@@ -191,6 +221,8 @@ pub struct WfSample {
 pub const SF_WOKEN: u32 = 1;
 /// Sample flag: woken, but never switched in after the wake-up (T3 = T2).
 pub const SF_NO_SWITCH: u32 = 2;
+/// Sample flag: T2 or T3 was out of order and clamped into [T1, T4] ([`L_CLAMPED`]).
+pub const SF_CLAMPED: u32 = 4;
 
 /// Offsets the loader patches in (`WF_CONFIG` global).
 #[repr(C)]
@@ -248,7 +280,7 @@ mod tests {
         assert!(core::mem::size_of::<WfCounts>() <= 32 * 1024);
         assert_eq!(
             core::mem::size_of::<WfCounts>(),
-            8 * (NR_WCOUNTERS + NR_CLASSES + 3 * WF_CPUS) as usize
+            8 * (NR_WCOUNTERS + NR_CLASSES + 3 * WF_CPUS + NR_LOSSES) as usize
         );
         assert_eq!(core::mem::size_of::<WfSample>(), 5 * 8 + 8 * 4);
         assert_eq!(core::mem::size_of::<WfConfig>(), 40);

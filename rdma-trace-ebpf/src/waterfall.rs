@@ -17,15 +17,18 @@
 //!   read counts it as woken only if it reads that very event. T3 is the first switch-in after
 //!   T2; a thread woken before it slept has none (T3 = T2).
 //!
-//! - "Already awake" is split by the reader's preempted time: `sched_switch` stamps a reader
-//!   switched out while still runnable (`prev_state` reports no sleep) and adds the wait to its
-//!   running total (`WF_RUNNABLE`) when it is switched in again. The handler notes the channel's
+//! - "Already awake" is split by the reader's runnable time: `sched_switch` stamps a reader
+//!   switched out while still runnable (`prev_state` reports no sleep), `sched_waking` one woken
+//!   by anything, and the wait goes to its running total (`WF_RUNNABLE`) when it is switched in. The handler notes the channel's
 //!   last reader's total at T1 in the queue entry; the read takes the difference at T4.
 //!
-//! At the read, T2 and T3 are clamped into [T1, T4]: the stages partition T1→T4 exactly.
+//! At the read, T2 and T3 are clamped into [T1, T4]: the stages partition T1→T4 exactly. The
+//! events that needed it are counted (`L_CLAMPED`), and so is every loss (`L_*`: failed map
+//! writes, a full sample ring, missed read returns), in the per-CPU row the event or thread
+//! already uses, or the shared last slot's when no thread is known.
 //! Only threads woken inside a handler are in `WF_WAKE`, and only readers in `WF_RUNNABLE`, so
-//! `sched_switch` costs at most three hash lookups for everyone else, and `sched_waking` one
-//! per-CPU read outside handlers.
+//! `sched_switch` costs three hash lookups for everyone else, and `sched_waking` one hash
+//! lookup and one per-CPU read outside handlers.
 
 use aya_ebpf::{
     helpers::{
@@ -37,12 +40,14 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
 };
 use rdma_trace_common::{
-    hist_slot,
+    HIST_SLOTS, hist_slot,
     waterfall::{
         CLASS_UNKNOWN, H_AWAKE, H_AWAKE_CPU, H_AWAKE_RUNQ, H_CLASS, H_DRIVER, H_READ, H_RUNQ,
-        H_TOTAL, H_WAKE, NR_CLASSES, SF_NO_SWITCH, SF_WOKEN, W_AWAKE, W_DRIVER_WOKEN_SUM,
-        W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_CPUS,
-        WF_NHIST, WF_QUEUE_LEN, WF_THREADS, WfConfig, WfCounts, WfHist, WfSample, WfThread,
+        H_TOTAL, H_WAKE, L_CLAMPED, L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED,
+        L_SAMPLES, L_SLOT_NOT_STORED, L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED,
+        SF_NO_SWITCH, SF_WOKEN, W_AWAKE, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER,
+        W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_CPUS, WF_NHIST, WF_QUEUE_LEN, WF_THREADS,
+        WfConfig, WfCounts, WfHist, WfSample, WfThread,
     },
 };
 
@@ -53,12 +58,14 @@ use crate::{config, now};
 static WF_CONFIG: WfConfig = WfConfig::UNSET;
 
 const QMASK: u64 = WF_QUEUE_LEN as u64 - 1;
+const _: () = assert!(HIST_SLOTS.is_power_of_two());
 const BPF_NOEXIST: u64 = 1;
 /// `sched_switch`'s `prev_state` holds one of these bits for a task that went to sleep; none
 /// (0, or `TASK_REPORT_MAX` = 0x100 for a preempted one) for a task that stays runnable.
 const SLEEP_STATES: i64 = 0xff;
 /// A queue entry's runnable total when the channel had no reader yet.
 const UNKNOWN: u64 = u64::MAX;
+const EEXIST: i64 = 17;
 
 /// Events a channel's handler queued that no read has taken yet.
 #[repr(C)]
@@ -97,7 +104,8 @@ pub struct Wake {
     cpu_on: u32,
 }
 
-/// A reader's time preempted: switched out while runnable, until switched in again.
+/// A reader's time runnable without a CPU: switched out while runnable, or woken, until
+/// switched in again.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Runnable {
@@ -274,6 +282,8 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
         let _ = WF_QUEUES.insert(queue, unsafe { &*zero }, BPF_NOEXIST);
     }
     let Some(q) = WF_QUEUES.get_ptr_mut(queue) else {
+        // The map is full (or out of memory): this event is not mirrored.
+        lose(WF_THREADS - 1, L_NO_QUEUE);
         return 0;
     };
     // SAFETY: a hash map value; the kernel serialises a channel's handler calls under its
@@ -324,6 +334,18 @@ pub fn wf_handler_return(_ctx: RetProbeContext) -> u32 {
 
 #[tracepoint]
 pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
+    let cfg = config(&WF_CONFIG);
+    // SAFETY: offsets of fields of this tracepoint's record, read from its format file.
+    let pid: i32 = unsafe { ctx.read_at(cfg.waking_pid as usize) }.unwrap_or(0);
+    let t = now();
+    // A reader woken by anything is runnable from now until it gets a CPU.
+    if let Some(r) = WF_RUNNABLE.get_ptr_mut(pid as u32) {
+        // SAFETY: a hash map value; see `wf_sched_switch`.
+        let r = unsafe { &mut *r };
+        if r.since == 0 {
+            r.since = t;
+        }
+    }
     let Some(h) = WF_HANDLER.get_ptr(0) else {
         return 0;
     };
@@ -332,9 +354,6 @@ pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
     if h.active == 0 {
         return 0; // not inside a completion handler: not ours
     }
-    let cfg = config(&WF_CONFIG);
-    // SAFETY: offsets of fields of this tracepoint's record, read from its format file.
-    let pid: i32 = unsafe { ctx.read_at(cfg.waking_pid as usize) }.unwrap_or(0);
     // SAFETY: as above.
     let target: i32 = unsafe { ctx.read_at(cfg.waking_target_cpu as usize) }.unwrap_or(-1);
     if pid <= 0 {
@@ -343,12 +362,14 @@ pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
     let w = Wake {
         queue: h.queue,
         event: h.event,
-        t2: now(),
+        t2: t,
         t3: 0,
         cpu_target: target as u32,
         cpu_on: u32::MAX,
     };
-    let _ = WF_WAKE.insert(pid as u32, w, 0);
+    if WF_WAKE.insert(pid as u32, w, 0).is_err() {
+        lose(WF_THREADS - 1, L_WAKE_NOT_STORED);
+    }
     0
 }
 
@@ -358,14 +379,13 @@ pub fn wf_sched_switch(ctx: TracePointContext) -> u32 {
     let t = now();
     // SAFETY: offsets of fields of this tracepoint's record, from its format file.
     let prev_state: i64 = unsafe { ctx.read_at(cfg.switch_prev_state as usize) }.unwrap_or(1);
-    if prev_state & SLEEP_STATES == 0 {
-        // SAFETY: as above.
-        let prev: i32 = unsafe { ctx.read_at(cfg.switch_prev_pid as usize) }.unwrap_or(0);
-        if let Some(r) = WF_RUNNABLE.get_ptr_mut(prev as u32) {
-            // SAFETY: a hash map value; only this thread's own switches touch `since`, and a
-            // thread is switched on one CPU at a time.
-            unsafe { (*r).since = t };
-        }
+    // SAFETY: as above.
+    let prev: i32 = unsafe { ctx.read_at(cfg.switch_prev_pid as usize) }.unwrap_or(0);
+    if let Some(r) = WF_RUNNABLE.get_ptr_mut(prev as u32) {
+        // SAFETY: a hash map value; its own switches and wake-ups touch `since`, and a thread
+        // is switched on one CPU at a time. Switched out still runnable: it waits from now;
+        // asleep: it does not (a wake-up of itself while it ran is forgotten).
+        unsafe { (*r).since = if prev_state & SLEEP_STATES == 0 { t } else { 0 } };
     }
     // SAFETY: offset of `next_pid` in this tracepoint's record, from its format file.
     let next: i32 = unsafe { ctx.read_at(cfg.switch_next_pid as usize) }.unwrap_or(0);
@@ -425,7 +445,27 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
         queue: private + u64::from(cfg.ev_queue),
     };
     let tid = tid();
-    let _ = WF_READING.insert(tid, r, 0);
+    if let Err(e) = WF_READING.insert(tid, r, BPF_NOEXIST) {
+        // A read of this thread is still open: its return was missed (a thread reads one
+        // event at a time). It most likely returned its channel's oldest event: take that one
+        // from the mirror too, or the channel's later reads would all be matched one off.
+        if i64::from(e) == -EEXIST {
+            lose(WF_THREADS - 1, L_RETURN_MISSED);
+            // SAFETY: copied out at once.
+            if let Some(missed) = unsafe { WF_READING.get(tid) }.copied()
+                && let Some(q) = WF_QUEUES.get_ptr_mut(missed.queue)
+            {
+                // SAFETY: a hash map value; as in `wf_read_return`, reads only move `head`.
+                let q = unsafe { &mut *q };
+                if q.head < q.tail {
+                    q.head += 1;
+                }
+            }
+        }
+        if WF_READING.insert(tid, r, 0).is_err() {
+            lose(WF_THREADS - 1, L_READ_NOT_STORED);
+        }
+    }
     // From its first read on, the thread's preempted time is kept.
     let _ = WF_RUNNABLE.insert(tid, Runnable { since: 0, total: 0 }, BPF_NOEXIST);
     0
@@ -487,9 +527,12 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
     // SAFETY: copied out; removed below when consumed or stale.
     if let Some(w) = unsafe { WF_WAKE.get(tid) }.copied() {
         if w.queue == r.queue && w.event == event {
+            if w.t2 < t1 || w.t2 > t4 || (w.t3 != 0 && (w.t3 < w.t2 || w.t3 > t4)) {
+                s.flags |= SF_CLAMPED;
+            }
             let t2 = w.t2.max(t1).min(t4);
             s.t2 = t2;
-            s.flags = SF_WOKEN;
+            s.flags |= SF_WOKEN;
             s.cpu_target = w.cpu_target;
             if w.t3 == 0 {
                 s.t3 = t2;
@@ -538,6 +581,7 @@ fn thread_slot(tid: u32) -> Option<u32> {
         return Some(s);
     }
     let mut slot = WF_THREADS - 1;
+    let mut refound = false;
     let start = tid % (WF_THREADS - 1);
     for k in 0..WF_THREADS - 1 {
         let s = (start + k) % (WF_THREADS - 1);
@@ -545,6 +589,18 @@ fn thread_slot(tid: u32) -> Option<u32> {
             slot = s;
             break;
         }
+        // SAFETY: copied out at once.
+        if unsafe { WF_SLOT_OWNER.get(s) }.copied() == Some(tid) {
+            // Its own slot: WF_SLOT_OF (LRU) forgot it.
+            slot = s;
+            refound = true;
+            break;
+        }
+    }
+    if refound {
+        lose(slot, L_SLOT_REFOUND);
+    } else if slot == WF_THREADS - 1 {
+        lose(slot, L_NO_SLOT);
     }
     if let Some(t) = WF_THREAD.get_ptr_mut(slot) {
         let info = WfThread {
@@ -560,7 +616,9 @@ fn thread_slot(tid: u32) -> Option<u32> {
         // whose name is only a hint).
         unsafe { *t = info };
     }
-    let _ = WF_SLOT_OF.insert(tid, slot, 0);
+    if WF_SLOT_OF.insert(tid, slot, 0).is_err() {
+        lose(slot, L_SLOT_NOT_STORED);
+    }
     Some(slot)
 }
 
@@ -569,6 +627,17 @@ fn count(slot: u32, counter: u32) {
     if let Some(c) = WF_COUNTS.get_ptr_mut(slot) {
         // SAFETY: this CPU's value of a per-CPU array; programs do not re-enter on one CPU.
         if let Some(v) = unsafe { (*c).counters.get_mut(counter as usize) } {
+            *v += 1;
+        }
+    }
+}
+
+/// Loss counter `l` (`L_*`) of `slot`.
+#[inline(always)]
+fn lose(slot: u32, l: u32) {
+    if let Some(c) = WF_COUNTS.get_ptr_mut(slot) {
+        // SAFETY: this CPU's value of a per-CPU array; programs do not re-enter on one CPU.
+        if let Some(v) = unsafe { (*c).lost.get_mut(l as usize) } {
             *v += 1;
         }
     }
@@ -585,7 +654,9 @@ fn hist(slot: u32, h: u32, value: u64) {
     if let Some(row) = WF_HIST.get_ptr_mut(slot * WF_NHIST + h) {
         let i = hist_slot(value) as usize;
         // SAFETY: a volatile read of a local: keeps the bounds check visible to the verifier.
-        let i = unsafe { core::ptr::read_volatile(&i) };
+        // The mask gives the index bounds of its own: 6.1's verifier derived impossible ones
+        // (min above max) for `hist_slot`'s small-value branch and refused the access.
+        let i = unsafe { core::ptr::read_volatile(&i) } & (HIST_SLOTS as usize - 1);
         // SAFETY: this CPU's value of a per-CPU array.
         if let Some(s) = unsafe { (*row).slots.get_mut(i) } {
             *s += 1;
@@ -616,6 +687,9 @@ fn record(slot: u32, s: &WfSample, preempted: u64) {
     // SAFETY: this CPU's value of a per-CPU array; programs do not re-enter on one CPU.
     let c = unsafe { &mut *c };
     c.counters[W_EVENTS as usize] += 1;
+    if s.flags & SF_CLAMPED != 0 {
+        c.lost[L_CLAMPED as usize] += 1;
+    }
     if s.t0 != 0 && s.t0 <= s.t1 {
         add(c, H_DRIVER, slot, s.t1 - s.t0);
         if s.flags & SF_WOKEN != 0 {
@@ -649,11 +723,12 @@ fn record(slot: u32, s: &WfSample, preempted: u64) {
     bump(&mut c.handler_cpu, s.cpu_handler);
     bump(&mut c.waiter_cpu, s.cpu_on);
     bump(&mut c.read_cpu, s.cpu_read);
-    sample(s);
+    sample(c, s);
 }
 
+/// Emit `s` to the sample ring (up to the bound); a full ring is counted in `c`.
 #[inline(always)]
-fn sample(s: &WfSample) {
+fn sample(c: &mut WfCounts, s: &WfSample) {
     let max = config(&WF_CONFIG).sample_max;
     if max == 0 {
         return;
@@ -668,5 +743,7 @@ fn sample(s: &WfSample) {
     }
     if WF_SAMPLES.output::<WfSample>(s, 0).is_ok() {
         *n += 1;
+    } else {
+        c.lost[L_SAMPLES as usize] += 1;
     }
 }

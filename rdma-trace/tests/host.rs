@@ -461,6 +461,18 @@ fn export_serves_growing_prometheus_histograms() {
         sum / c2
     );
     assert!(second.contains("# TYPE rdma_trace_probe_duration_seconds histogram"));
+    // Every loss counter is served, nothing lost or not (a counter exists before it grows);
+    // the traffic here reads no completion event, so no reader lost a slot or a return.
+    let lost = |what: &str| {
+        sample(
+            &after,
+            &format!("rdma_trace_lost_total{{what=\"{what}\",host=\"testhost\"}}"),
+        )
+    };
+    assert_eq!(lost("threads_without_slot"), 0.0);
+    assert_eq!(lost("read_returns_missed"), 0.0);
+    // Served whatever the kernel (`sample` fails without it); its value is the kernel's.
+    lost("recursion_misses");
     let (status, _) = http_get(&addr, "/nothing-here");
     assert!(status.contains("404"), "{status}");
 

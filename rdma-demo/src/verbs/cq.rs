@@ -236,9 +236,10 @@ impl CompletionQueue {
 
     /// Waits up to `timeout` for an event on this CQ's channel, blocked in `ibv_get_cq_event`
     /// (as the C tools are: see `interrupt` for how the timeout ends it), and acknowledges it
-    /// with `ibv_ack_cq_events`. `Ok(false)`: timeout.
+    /// with `ibv_ack_cq_events`. `Ok(None)`: timeout. With `stamp`, the event carries the
+    /// CLOCK_MONOTONIC time read right after `ibv_get_cq_event` returned it.
     /// The CQ must have been armed, or no event will come.
-    pub fn wait_event(&self, timeout: Duration) -> Result<bool, VerbsError> {
+    pub fn wait_event(&self, timeout: Duration, stamp: bool) -> Result<Option<Event>, VerbsError> {
         let Some(channel) = &self.channel else {
             return Err(VerbsError::new(
                 "ibv_get_cq_event",
@@ -251,21 +252,21 @@ impl CompletionQueue {
             .map_err(|e| VerbsError::new("sigaction", "the wait's watchdog", e))?;
         let mut cq: *mut ibv_cq = ptr::null_mut();
         let mut cq_ctx: *mut c_void = ptr::null_mut();
-        loop {
+        let read_at = loop {
             // SAFETY: the channel is live (borrowed through `self`); out-pointers valid. It
             // blocks until an event comes or a signal interrupts it.
             let rc = unsafe { ibv_get_cq_event(channel.raw.as_ptr(), &mut cq, &mut cq_ctx) };
             if rc == 0 {
-                break;
+                break stamp.then(super::monotonic_ns);
             }
             let e = last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {
                 return Err(VerbsError::new("ibv_get_cq_event", self.ctx.name(), e));
             }
             if deadline.passed() {
-                return Ok(false);
+                return Ok(None);
             }
-        }
+        };
         drop(deadline);
         // Only this CQ uses the channel, so the event is ours. Acknowledge at once, so that
         // ibv_destroy_cq never waits for unacknowledged events.
@@ -278,8 +279,15 @@ impl CompletionQueue {
                 io::Error::from_raw_os_error(libc::EINVAL),
             ));
         }
-        Ok(true)
+        Ok(Some(Event { read_at }))
     }
+}
+
+/// A completion event taken from a CQ's channel ([`CompletionQueue::wait_event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// CLOCK_MONOTONIC ns right after `ibv_get_cq_event` returned, when asked for.
+    pub read_at: Option<u64>,
 }
 
 impl Drop for CompletionQueue {

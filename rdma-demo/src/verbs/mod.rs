@@ -20,6 +20,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod attr;
+mod clock;
 mod cq;
 mod device;
 mod ffi;
@@ -31,8 +32,9 @@ mod qp;
 use std::io;
 
 pub use attr::{AtomicCap, DeviceAttr, LinkLayer, Mtu, PortAttr, PortState, Transport};
+pub use clock::{monotonic_ns, thread_id};
 pub use cq::{
-    CompletionChannel, CompletionQueue, POLL_BATCH, WcOpcode, WorkCompletion, status_str,
+    CompletionChannel, CompletionQueue, Event, POLL_BATCH, WcOpcode, WorkCompletion, status_str,
     wait_readable,
 };
 pub use device::{Context, Device, DeviceList};

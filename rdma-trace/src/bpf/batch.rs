@@ -1,7 +1,8 @@
 //! Reading many elements of an array map in one `BPF_MAP_LOOKUP_BATCH` syscall (Linux 5.6), so
 //! that a refresh of the views costs a fixed number of syscalls: one for the whole per-CPU
 //! `ROWS` array whatever the probe count, one per active thread slot of the waterfall.
-//! aya 0.14 has no batched lookups: this is the one raw `bpf(2)` call of the loader.
+//! aya 0.14 has no batched lookups: a raw `bpf(2)` call, through [`sys_bpf`] (which `stats`
+//! uses too).
 
 use std::os::fd::RawFd;
 
@@ -22,6 +23,16 @@ struct BatchAttr {
     map_fd: u32,
     elem_flags: u64,
     flags: u64,
+}
+
+/// `bpf(cmd, attr, sizeof attr)`: its return value (errno in `last_os_error` when negative).
+///
+/// # Safety
+/// `attr` must be a valid `union bpf_attr` for `cmd`, and every pointer in it must reference a
+/// buffer of the size the command expects that outlives the call.
+pub(super) unsafe fn sys_bpf<A>(cmd: libc::c_long, attr: &mut A) -> libc::c_long {
+    // SAFETY: the caller's contract.
+    unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut A, std::mem::size_of::<A>()) }
 }
 
 /// The number of possible CPUs (the values of a per-CPU map element), read from sysfs once per
@@ -71,14 +82,7 @@ pub fn lookup_range<T: Pod>(map_fd: RawFd, start: u32, count: u32, cpus: usize) 
     // buffers that outlive the call: `in_batch`/`out_batch` one u32 each (an array's key),
     // `keys` `count` u32 keys, `values` room for `count * cpus` values of T (a per-CPU value is
     // one 8-byte-aligned T per possible CPU; T's size is a multiple of 8 then).
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_LOOKUP_BATCH,
-            &mut attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>(),
-        )
-    };
+    let rc = unsafe { sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) };
     // The end of the map is ENOENT, with `count` set to the elements copied.
     let done = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT);
     let whole = done

@@ -226,16 +226,11 @@ impl Bpf {
 
     /// Run count and run time of every attached program (cumulative since load).
     pub fn program_stats(&self) -> Vec<ProgramStat> {
+        let misses = crate::bpf::stats::kprobe_misses();
         self.attached
             .iter()
             .filter_map(|(name, target)| {
-                let info = self.ebpf.program(name)?.info().ok()?;
-                Some(ProgramStat {
-                    name: name.clone(),
-                    target: target.clone(),
-                    runs: info.run_count(),
-                    run_ns: info.run_time().as_nanos() as u64,
-                })
+                ProgramStat::of(name, target, self.ebpf.program(name)?, misses.as_ref())
             })
             .collect()
     }

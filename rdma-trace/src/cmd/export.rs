@@ -15,8 +15,10 @@ use tokio::net::TcpListener;
 use crate::{
     bpf::session::Session,
     kernel::{facts::Kernel, plan::Options, probes::PROBES},
-    model::window::Waiter,
-    views::prometheus::{AbortOnDrop, Limits, ProbeLabels, render, render_waterfall, serve_http},
+    model::{losses::Losses, window::Waiter},
+    views::prometheus::{
+        AbortOnDrop, Limits, ProbeLabels, render, render_losses, render_waterfall, serve_http,
+    },
 };
 
 #[derive(clap::Args, Debug)]
@@ -59,6 +61,7 @@ pub async fn run(args: &Args) -> Result<()> {
             .unwrap_or_else(|_| "unknown".to_owned())
     });
     let labels = ProbeLabels::new(&kernel.rdma_devices(), &host);
+    let release = kernel.release();
     let wf = crate::waterfall::start_or_explain(false, 0, 0);
     let listener = TcpListener::bind(args.listen)
         .await
@@ -73,9 +76,21 @@ pub async fn run(args: &Args) -> Result<()> {
     let page = Arc::new(Mutex::new(Bytes::new()));
     let refresh = |page: &Mutex<Bytes>| -> Result<()> {
         let mut text = render(&session, &session.snapshot()?, &labels);
-        if let Some(w) = &wf {
-            render_waterfall(&mut text, &w.snapshot()?, &labels.host);
+        let snap = wf.as_ref().map(|w| w.snapshot()).transpose()?;
+        if let Some(s) = &snap {
+            render_waterfall(&mut text, s, &labels.host);
         }
+        let mut stats = session.program_stats().0;
+        stats.extend(wf.iter().flat_map(|w| w.program_stats()));
+        let merged = snap.as_ref().and_then(|s| s.merged_data());
+        let losses = Losses::new(
+            merged.as_ref().map(|t| &t.counts),
+            stats
+                .iter()
+                .map(|p| (p.name.as_str(), p.recursion_misses, p.kprobe_misses)),
+            release.as_deref(),
+        );
+        render_losses(&mut text, &losses, &labels.host);
         *page.lock().unwrap_or_else(|p| p.into_inner()) = Bytes::from(text);
         Ok(())
     };

@@ -69,8 +69,9 @@ pub struct Args {
     /// every driver's rows).
     #[arg(long, value_enum, default_value_t = Preset::Default)]
     pub probes: Preset,
-    /// Completion waterfall: also keep this many per-event records (JSON `waterfall_samples`).
-    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    /// Completion waterfall: also keep this many per-event records (JSON `waterfall_samples`);
+    /// the bundled demo then stamps as many of its event reads and posts (`rdma-demo --stamps`).
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=i64::from(rdma_demo::limits::MAX_STAMPS)))]
     pub sample: u32,
     /// Do not trace the completion waterfall (handler → wake-up → on CPU → read, per thread).
     #[arg(long)]

@@ -104,9 +104,7 @@ impl Facts {
 
     /// (major, minor) of the kernel release (`6.12.95+deb12-amd64` → (6, 12)).
     pub fn version(&self) -> Option<(u32, u32)> {
-        let r = self.release.as_deref()?;
-        let mut it = r.split(|c: char| !c.is_ascii_digit());
-        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+        release_version(self.release.as_deref()?)
     }
 
     /// Why `function` (of a row in `module`, present since `since`) has no kallsyms entry.
@@ -601,6 +599,12 @@ pub fn plan_to_attach(kernel: &Kernel, defs: &[ProbeDef], opts: Options) -> Plan
 
 /// The facts of fixture kernel `fixture` (`rdma-trace/tests/fixtures/<fixture>`) for the probe
 /// table, for unit tests.
+/// (major, minor) of kernel release `r` (`6.12.95+deb12-amd64` → (6, 12)).
+pub fn release_version(r: &str) -> Option<(u32, u32)> {
+    let mut it = r.split(|c: char| !c.is_ascii_digit());
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
 #[cfg(test)]
 pub(crate) fn fixture_facts(fixture: &str) -> Facts {
     let k = Kernel::at(

@@ -355,6 +355,8 @@ mod tests {
             runs,
             run_ns,
             ns_per_run: None,
+            recursion_misses: None,
+            kprobe_misses: None,
         }
     }
 

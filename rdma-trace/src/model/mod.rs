@@ -6,11 +6,13 @@
 //! * [`report`]: per-probe results.
 //! * [`overhead`]: what tracing cost (BPF run time, the loader's CPU and memory).
 //! * [`budget`]: what tracing adds per round trip, against `--overhead-budget`.
+//! * [`losses`]: what the programs could not record, and the runs the kernel skipped.
 //!
 //! Imports the waterfall, bpf and kernel layers, never a view or a load.
 
 pub mod baseline;
 pub mod budget;
+pub mod losses;
 pub mod overhead;
 pub mod report;
 pub mod sample;

@@ -50,6 +50,22 @@ pub struct ProgramOverhead {
     pub run_ns: u64,
     /// Average ns per run (null without runs).
     pub ns_per_run: Option<f64>,
+    /// Runs the kernel skipped over the window because a BPF program was already running on
+    /// the CPU (null where the kernel does not report it: before 5.12; kprobes before 6.7).
+    pub recursion_misses: Option<u64>,
+    /// Misses of its kprobes or kretprobes over the window (null before Linux 6.7, or for
+    /// another kind of program).
+    pub kprobe_misses: Option<u64>,
+}
+
+/// A miss count of `after` since `before` (0 before when `before` had none); `None` when
+/// `after` has none.
+fn misses_since(
+    after: &ProgramStat,
+    before: Option<&ProgramStat>,
+    count: impl Fn(&ProgramStat) -> Option<u64>,
+) -> Option<u64> {
+    count(after).map(|m| m.saturating_sub(before.and_then(&count).unwrap_or(0)))
 }
 
 /// The cost of tracing over a window.
@@ -145,6 +161,8 @@ impl Overhead {
                     runs,
                     run_ns,
                     ns_per_run: (runs > 0).then(|| run_ns as f64 / runs as f64),
+                    recursion_misses: misses_since(a, b, |s| s.recursion_misses),
+                    kprobe_misses: misses_since(a, b, |s| s.kprobe_misses),
                 }
             })
             .collect();
@@ -294,6 +312,8 @@ mod tests {
             runs,
             run_ns: runs * 100,
             ns_per_run: Some(100.0),
+            recursion_misses: None,
+            kprobe_misses: None,
         };
         let o = Overhead {
             stats: String::new(),
@@ -331,6 +351,8 @@ mod tests {
             target: format!("{name}_target"),
             runs,
             run_ns,
+            recursion_misses: None,
+            kprobe_misses: None,
         }
     }
 

@@ -35,7 +35,7 @@ use crate::{
     output::write_json,
     signals::{self, Stop, Stopped},
     views::tui::Live,
-    waterfall::{self, Waterfall, WaterfallReport},
+    waterfall::{self, Waterfall},
 };
 
 /// `$TMPDIR/rdma-trace-XXXXXX`: where the demo writes its JSON.
@@ -131,10 +131,11 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         overhead.hook_hits = overhead.hook_hits(round_trips, "round trip");
         let dropped = std::mem::take(&mut src.dropped);
         drop(src);
-        let wf_report = match (&wf, &wf_before) {
-            (Some(w), Some(b)) => Some(WaterfallReport::from_snapshot(&w.snapshot()?.since(b))),
-            _ => None,
-        };
+        let (wf_report, losses) = super::report::waterfall_and_losses(
+            wf.as_ref().zip(wf_before.as_ref()),
+            &overhead,
+            kernel.release().as_deref(),
+        )?;
         let status = window.command_status;
         let phase = Phase {
             mode: Some(mode),
@@ -146,6 +147,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
             overhead,
             dropped,
             waterfall: wf_report,
+            losses,
         };
         let title = format!(
             "mode {mode:?}: {} iterations of {}, {server} ↔ {client}",
@@ -320,6 +322,7 @@ async fn run_demo(
             "--size",
             &args.size.to_string(),
         ])
+        .args(demo_stamps(args.sample))
         .arg("--json")
         .arg(&json)
         .stdin(Stdio::null())
@@ -342,6 +345,15 @@ async fn run_demo(
         .unwrap_or(serde_json::Value::Null);
     drop(dir);
     Ok((window, value, out))
+}
+
+/// With `--sample N`, the demo stamps its first N event reads and posts per side (its
+/// reports' `stamps`): user-space truth to hold the sampled events against.
+fn demo_stamps(sample: u32) -> Vec<String> {
+    if sample == 0 {
+        return Vec::new();
+    }
+    vec!["--stamps".to_owned(), sample.to_string()]
 }
 
 /// The demo's mean round trip (µs), from its `--json` results.
@@ -611,6 +623,12 @@ mod tests {
             driver: None,
             parent_netdev: Some("eth0".to_owned()),
         }
+    }
+
+    #[test]
+    fn the_demo_stamps_as_many_events_as_the_run_samples() {
+        assert!(demo_stamps(0).is_empty());
+        assert_eq!(demo_stamps(250), ["--stamps", "250"]);
     }
 
     #[test]

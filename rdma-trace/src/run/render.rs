@@ -140,6 +140,7 @@ pub fn phase(
     detail: Detail,
 ) -> String {
     let mut out = format!("===== {title} =====\n");
+    out.extend(phase.losses.line());
     if !load_text.trim().is_empty() {
         out.push_str(load_text.trim_end());
         out.push('\n');
@@ -188,9 +189,9 @@ pub fn next_hints(phases: &[Phase], budget_percent: f64, detail: Detail) -> Stri
                 "on CPU → read is the largest stage: the reader does other work between waking \
                  and reading the event (--timeline shows it)",
             ),
-            "awake" if awake_mostly_preempted(last.and_then(|p| p.waterfall.as_ref())) => Some(
+            "awake" if awake_mostly_runnable(last.and_then(|p| p.waterfall.as_ref())) => Some(
                 "most time is in events that found their reader busy, and most of that it sat \
-                 preempted, waiting for a CPU: something else runs on the reader's CPU; give \
+                 runnable, waiting for a CPU: something else runs on the reader's CPU; give \
                  the reader a CPU of its own (taskset) or move the other work away",
             ),
             "awake" => Some(
@@ -219,8 +220,9 @@ pub fn next_hints(phases: &[Phase], budget_percent: f64, detail: Detail) -> Stri
     hints.iter().map(|h| format!("next: {h}\n")).collect()
 }
 
-/// Whether the process with the most events spent most of its "already awake" time preempted.
-fn awake_mostly_preempted(w: Option<&WaterfallReport>) -> bool {
+/// Whether the process with the most events spent most of its "already awake" time runnable
+/// without a CPU.
+fn awake_mostly_runnable(w: Option<&WaterfallReport>) -> bool {
     let Some(p) = w.and_then(|w| w.processes.iter().max_by_key(|p| p.waterfall.events)) else {
         return false;
     };
@@ -283,5 +285,62 @@ mod tests {
                 .starts_with("skipped 2 rows: no_device ×2"),
             "{head}"
         );
+    }
+
+    /// A phase that lost data says so on the line after its title, naming the counters; one
+    /// that lost nothing has no such line.
+    #[test]
+    fn a_phase_that_lost_data_says_so_first_and_one_that_did_not_says_nothing() {
+        use crate::model::{
+            losses::Losses,
+            overhead::{LoaderUsage, Overhead},
+            window::Window,
+        };
+        let u = LoaderUsage::now();
+        let phase = |losses: Losses| Phase {
+            mode: None,
+            window: Window {
+                seconds: 1.0,
+                ended_by: "command",
+                command_status: Some(0),
+            },
+            completion_mode: "completion events",
+            demo: None,
+            probes: vec![report("big", 1000, false)],
+            processes: Vec::new(),
+            overhead: Overhead::between("bpf_enable_stats", &[], &[], u, u),
+            dropped: Vec::new(),
+            waterfall: None,
+            losses,
+        };
+        let budget = Budget {
+            percent: 5.0,
+            enforce: false,
+            calibration: None,
+        };
+        let lossy = Losses {
+            threads_without_slot: 3,
+            read_returns_missed: 12,
+            ..Losses::default()
+        };
+        let text = super::phase("t", "", &budget, &phase(lossy), Detail::default());
+        let second = text.lines().nth(1).expect("a second line");
+        assert!(second.starts_with("lost: "), "{text}");
+        assert!(
+            second.contains("3 threads beyond the 31 thread slots"),
+            "{second}"
+        );
+        assert!(
+            second.contains("12 read returns the kretprobe missed"),
+            "{second}"
+        );
+        let quiet = super::phase(
+            "t",
+            "",
+            &budget,
+            &phase(Losses::default()),
+            Detail::default(),
+        );
+        assert!(!quiet.contains("lost"), "{quiet}");
     }
 }

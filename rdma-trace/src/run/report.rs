@@ -15,12 +15,13 @@ use crate::{
     load::workload::Target,
     model::{
         budget::{Dropped, Preset},
+        losses::Losses,
         overhead::Overhead,
         report::ProbeReport,
         window::Window,
     },
     views::timeline,
-    waterfall::{SampleRecord, WaterfallReport},
+    waterfall::{SampleRecord, Snapshot, Waterfall, WaterfallReport},
 };
 
 /// The version of the JSON document's shape.
@@ -144,6 +145,9 @@ pub struct Phase {
     /// Per process and thread: stages of the completion events read in this phase (`null`
     /// with `--no-waterfall` or when it could not start).
     pub waterfall: Option<WaterfallReport>,
+    /// What the programs could not record in this phase, the events whose stamps were clamped,
+    /// and the program runs the kernel skipped (docs/json.md).
+    pub losses: Losses,
 }
 
 /// One traced process of a workload.
@@ -159,6 +163,29 @@ pub struct ProcessReport {
     pub probes: BTreeMap<Cow<'static, str>, u64>,
     /// Calls of traced kernel functions in its context, by function.
     pub calls: BTreeMap<Cow<'static, str>, u64>,
+}
+
+/// A phase's waterfall (its counts since `before`, the snapshot at the window's start) and its
+/// losses over the same window: the waterfall's loss counters and the recursion misses of
+/// `overhead`'s programs.
+pub fn waterfall_and_losses(
+    wf: Option<(&Waterfall, &Snapshot)>,
+    overhead: &Overhead,
+    release: Option<&str>,
+) -> anyhow::Result<(Option<WaterfallReport>, Losses)> {
+    let delta = wf
+        .map(|(w, before)| w.snapshot().map(|s| s.since(before)))
+        .transpose()?;
+    let merged = delta.as_ref().and_then(Snapshot::merged_data);
+    let losses = Losses::new(
+        merged.as_ref().map(|t| &t.counts),
+        overhead
+            .programs
+            .iter()
+            .map(|p| (p.name.as_str(), p.recursion_misses, p.kprobe_misses)),
+        release,
+    );
+    Ok((delta.as_ref().map(WaterfallReport::from_snapshot), losses))
 }
 
 /// The completion mode a phase's probes show: from `ib_uverbs_comp_handler`'s count.

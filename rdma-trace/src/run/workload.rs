@@ -146,12 +146,11 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         args,
     )?;
     drop(session);
-    let waterfall = match (&wf, &wf_before) {
-        (Some(w), Some(b)) => Some(crate::waterfall::WaterfallReport::from_snapshot(
-            &w.snapshot()?.since(b),
-        )),
-        _ => None,
-    };
+    let (waterfall, losses) = super::report::waterfall_and_losses(
+        wf.as_ref().zip(wf_before.as_ref()),
+        &overhead,
+        kernel.release().as_deref(),
+    )?;
     let waterfall_samples = wf
         .as_ref()
         .filter(|_| args.sample > 0)
@@ -186,6 +185,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         overhead,
         dropped: Vec::new(),
         waterfall,
+        losses,
     };
     let load = LoadInfo::workload(&target);
     let report_text = render::Text {

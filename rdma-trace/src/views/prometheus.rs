@@ -385,6 +385,46 @@ pub fn render_waterfall(out: &mut String, snap: &crate::waterfall::Snapshot, hos
     }
 }
 
+/// Every loss counter (`what` label: the key of the JSON's `losses`), and each program's
+/// skipped runs where the kernel reports them.
+pub fn render_losses(out: &mut String, losses: &crate::model::losses::Losses, host: &str) {
+    let host = escape(host);
+    samples(
+        out,
+        "rdma_trace_lost_total",
+        "counter",
+        "Data the tracing programs could not record, by what (see docs/json.md, losses); recursion_misses sums the program runs the kernel skipped.",
+        losses
+            .items()
+            .into_iter()
+            .map(|(what, n, _)| (format!("what=\"{what}\",host=\"{host}\""), n)),
+    );
+    for (name, help, counts) in [
+        (
+            "rdma_trace_program_recursion_misses_total",
+            "Runs of a program the kernel skipped because a BPF program was already running on the CPU (programs with misses only).",
+            &losses.recursion_misses,
+        ),
+        (
+            "rdma_trace_program_kprobe_misses_total",
+            "Misses of the kprobes and kretprobes that run a program, as the kernel counts them (Linux 6.7; programs with misses only).",
+            &losses.kprobe_misses,
+        ),
+    ] {
+        if let Some(by_program) = counts {
+            samples(
+                out,
+                name,
+                "counter",
+                help,
+                by_program
+                    .iter()
+                    .map(|(p, n)| (format!("program=\"{}\",host=\"{host}\"", escape(p)), *n)),
+            );
+        }
+    }
+}
+
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
@@ -545,6 +585,72 @@ mod tests {
         assert!(les.windows(2).all(|w| w[0] < w[1]), "{les:?}");
         assert_eq!(le_value(1_000_000_000, Unit::Nanoseconds), "1");
         assert_eq!(le_value(0, Unit::Nanoseconds), "0");
+    }
+
+    /// Every loss counter is served, zeros included (a counter must exist before it grows),
+    /// under the key the JSON uses; the per-program family lists only programs with misses.
+    #[test]
+    fn losses_are_counters_by_what_and_program() {
+        use std::collections::BTreeMap;
+
+        use crate::model::losses::Losses;
+        let l = Losses {
+            threads_without_slot: 4,
+            queue_overflow: 17,
+            recursion_misses: Some(BTreeMap::from([("wf_sched_switch".to_owned(), 2)])),
+            ..Losses::default()
+        };
+        let mut out = String::new();
+        render_losses(&mut out, &l, "h");
+        assert_eq!(
+            value(
+                &out,
+                "rdma_trace_lost_total{what=\"threads_without_slot\",host=\"h\"}"
+            ),
+            4.0
+        );
+        assert_eq!(
+            value(
+                &out,
+                "rdma_trace_lost_total{what=\"queue_overflow\",host=\"h\"}"
+            ),
+            17.0
+        );
+        assert_eq!(
+            value(
+                &out,
+                "rdma_trace_lost_total{what=\"recursion_misses\",host=\"h\"}"
+            ),
+            2.0
+        );
+        assert_eq!(
+            value(
+                &out,
+                "rdma_trace_lost_total{what=\"samples_dropped\",host=\"h\"}"
+            ),
+            0.0
+        );
+        assert_eq!(
+            out.matches("rdma_trace_lost_total{").count(),
+            l.items().len()
+        );
+        assert_eq!(
+            value(
+                &out,
+                "rdma_trace_program_recursion_misses_total{program=\"wf_sched_switch\",host=\"h\"}"
+            ),
+            2.0
+        );
+        assert!(
+            !out.contains("rdma_trace_program_kprobe_misses_total"),
+            "{out}"
+        );
+        let mut unreported = String::new();
+        render_losses(&mut unreported, &Losses::default(), "h");
+        assert!(
+            !unreported.contains("rdma_trace_program_recursion_misses_total"),
+            "{unreported}"
+        );
     }
 
     #[test]

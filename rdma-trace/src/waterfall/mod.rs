@@ -268,17 +268,17 @@ impl Waterfall {
 
     /// Run count and time of every attached waterfall program (for the self-cost table).
     pub fn program_stats(&self) -> Vec<crate::bpf::stats::ProgramStat> {
+        let misses = crate::bpf::stats::kprobe_misses();
         self.notes
             .iter()
             .filter(|n| n.skipped.is_none())
             .filter_map(|n| {
-                let info = self.ebpf.program(n.program)?.info().ok()?;
-                Some(crate::bpf::stats::ProgramStat {
-                    name: n.program.to_owned(),
-                    target: n.target.clone(),
-                    runs: info.run_count(),
-                    run_ns: info.run_time().as_nanos() as u64,
-                })
+                crate::bpf::stats::ProgramStat::of(
+                    n.program,
+                    &n.target,
+                    self.ebpf.program(n.program)?,
+                    misses.as_ref(),
+                )
             })
             .collect()
     }
@@ -516,7 +516,7 @@ fn owned(slot: u32, info: &WfThread) -> bool {
 
 /// A thread slot no event has counted in, on any CPU.
 fn unused(per_cpu: &[WfCounts]) -> bool {
-    per_cpu.iter().all(|c| c.counters.iter().all(|&x| x == 0))
+    per_cpu.iter().all(WfCounts::is_zero)
 }
 
 /// One thread slot as read from the maps: (slot, owner, per-CPU counters, per-CPU values of

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use rdma_trace_common::waterfall::{
     H_AWAKE, H_AWAKE_CPU, H_AWAKE_RUNQ, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE,
-    NR_CLASSES, W_AWAKE, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM,
-    W_UNMATCHED, W_WOKEN, WF_NHIST, WfCounts,
+    L_CLAMPED, NR_CLASSES, W_AWAKE, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER,
+    W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_NHIST, WfCounts,
 };
 use serde::Serialize;
 
@@ -119,7 +119,7 @@ pub const STAGES: [(u32, &str, &str, &str); 8] = [
     (
         H_AWAKE_RUNQ,
         "awake_runq",
-        "  of it preempted, waiting for CPU",
+        "  of it runnable, waiting for CPU",
         "T1→T4",
     ),
     (
@@ -158,6 +158,8 @@ pub struct Waterfall {
     pub no_driver_stamp: u64,
     pub unmatched_reads: u64,
     pub dropped: u64,
+    /// Events whose T2 or T3 was out of order and clamped into [T1, T4].
+    pub clamped: u64,
     /// Sum of T0→T1 over the woken events (their driver stage).
     pub driver_woken_sum_ns: u64,
     /// driver, wake, runq, read, awake, total.
@@ -236,6 +238,7 @@ impl Waterfall {
             no_driver_stamp: c.get(W_NO_DRIVER),
             unmatched_reads: c.get(W_UNMATCHED),
             dropped: c.get(W_DROPPED),
+            clamped: c.lost[L_CLAMPED as usize],
             driver_woken_sum_ns: c.get(W_DRIVER_WOKEN_SUM),
             stages,
             stages_per_event_ns: ratio(partition as f64, events),
@@ -279,7 +282,12 @@ pub struct WaterfallReport {
 impl WaterfallReport {
     pub fn from_snapshot(s: &Snapshot) -> WaterfallReport {
         let mut by_pid: BTreeMap<u32, (ThreadData, Vec<&ThreadData>)> = BTreeMap::new();
-        for t in s.threads.values() {
+        // A slot with losses only (the shared one's global counters) read no event.
+        for t in s
+            .threads
+            .values()
+            .filter(|t| t.counts.counters.iter().any(|&c| c > 0))
+        {
             let e = by_pid.entry(t.tgid).or_insert_with(|| {
                 let mut z = t.clone();
                 z.counts = Counts::default();
@@ -367,6 +375,12 @@ pub fn render(title: &str, w: &Waterfall) -> String {
         out.push_str(&format!(
             "  not covered: {} reads without a seen handler call, {} events without a driver stamp, {} dropped\n",
             w.unmatched_reads, w.no_driver_stamp, w.dropped
+        ));
+    }
+    if w.clamped > 0 {
+        out.push_str(&format!(
+            "  clamped: {} events had T2 or T3 out of order, clamped into T1→T4: their stage split is approximate\n",
+            w.clamped
         ));
     }
     out.push_str(&format!(

@@ -186,23 +186,21 @@ fn waterfall_of_a_pinned_demo_shows_its_cpu_for_every_on_cpu_stage() {
     }
 }
 
-#[test]
-fn three_concurrent_event_mode_pairs_each_get_their_own_count() {
-    let dir = std::env::temp_dir().join(format!("rdma-trace-wf3-{}", std::process::id()));
+/// Whether the guest kernel reports kprobe misses in `bpf_link_info` (Linux 6.7).
+fn kernel_reports_kprobe_misses() -> bool {
+    let release = super::harness::kernel_release();
+    let mut v = release.split(|c: char| !c.is_ascii_digit());
+    let mut next = || v.next().and_then(|s| s.parse::<u32>().ok()).unwrap_or(0);
+    (next(), next()) >= (6, 7)
+}
+
+/// `rdma-trace run --no-tui -- sh SCRIPT DIR` with the shell script `body` (DIR is `$1`, a
+/// fresh temporary directory for what the load writes), run to its end: its outcome and DIR.
+fn run_script(name: &str, body: &str) -> (super::harness::Outcome, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("rdma-trace-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let script = dir.join("three.sh");
-    // Three loopback ping-pongs at once (client and server threads each), with different
-    // iteration counts; each writes its pid and its JSON results.
-    std::fs::write(
-        &script,
-        r#"set -e
-for n in 150 300 450; do
-  sh -c 'echo $$ > "$0.pid"; exec rdma-demo pingpong --loopback --port 0 -d rxe1 --server-device rxe0 --mode event -n "$1" --json "$0"' "$1/demo-$n.json" "$n" &
-done
-wait
-"#,
-    )
-    .expect("script");
+    let script = dir.join("load.sh");
+    std::fs::write(&script, body).expect("script");
     let run = run_json(
         &[
             "run",
@@ -212,9 +210,25 @@ wait
             script.to_str().unwrap(),
             dir.to_str().unwrap(),
         ],
-        "waterfall-three",
+        name,
     );
-    run.assert_success("rdma-trace run -- sh three.sh");
+    run.assert_success(&format!("rdma-trace run -- sh {name}.sh"));
+    (run, dir)
+}
+
+#[test]
+fn three_concurrent_event_mode_pairs_each_get_their_own_count() {
+    // Three loopback ping-pongs at once (client and server threads each), with different
+    // iteration counts; each writes its pid and its JSON results.
+    let (run, dir) = run_script(
+        "waterfall-three",
+        r#"set -e
+for n in 150 300 450; do
+  sh -c 'echo $$ > "$0.pid"; exec rdma-demo pingpong --loopback --port 0 -d rxe1 --server-device rxe0 --mode event -n "$1" --json "$0"' "$1/demo-$n.json" "$n" &
+done
+wait
+"#,
+    );
     let report = &run.report["phases"][0];
     let procs = report["waterfall"]["processes"]
         .as_array()
@@ -240,4 +254,113 @@ wait
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// More reader threads than the waterfall has slots for (31, and a shared last one): 17
+/// loopback ping-pongs at once in event mode, each a server and a client thread that read
+/// completion events. The independent truth is the load's own: the threads whose demo took
+/// CQ events. The run must report, in its JSON and on its first lines, that the threads beyond
+/// the 31 slots were mixed into pid 0, and a run after it (a fresh load of the programs) must
+/// find every slot free again.
+#[test]
+fn more_reader_threads_than_slots_are_counted_and_reported() {
+    const DEMOS: usize = 17;
+    const SLOTS: u64 = 31;
+    let (run, dir) = run_script(
+        "waterfall-slots",
+        &format!(
+            r#"set -e
+i=0
+while [ $i -lt {DEMOS} ]; do
+  rdma-demo pingpong --loopback --port 0 -d rxe1 --server-device rxe0 --mode event -n 200 --json "$1/demo-$i.json" > /dev/null &
+  i=$((i + 1))
+done
+wait
+"#
+        ),
+    );
+    // The truth: every side (thread) of every demo that took CQ events read them.
+    let mut readers = 0u64;
+    let mut cq_events = 0u64;
+    for i in 0..DEMOS {
+        let demo: Value = serde_json::from_slice(
+            &std::fs::read(dir.join(format!("demo-{i}.json"))).expect("demo JSON"),
+        )
+        .expect("JSON");
+        for side in demo["reports"].as_array().expect("demo reports") {
+            let n = u(&side["cq_events"]);
+            cq_events += n;
+            readers += u64::from(n > 0);
+        }
+    }
+    assert!(
+        readers > SLOTS,
+        "the load must have more reader threads than slots: {readers}"
+    );
+    let phase = &run.report["phases"][0];
+    let losses = &phase["losses"];
+    eprintln!("{readers} reader threads, {cq_events} CQ events; losses: {losses}");
+    assert_eq!(
+        u(&losses["threads_without_slot"]),
+        readers - SLOTS,
+        "threads beyond the slots: {losses}"
+    );
+    let procs = processes(phase);
+    let shared = find_by(procs, "pid", 0)
+        .unwrap_or_else(|| panic!("no pid 0 (threads beyond the slots): {procs:?}"));
+    assert!(u(&shared["events"]) > 0, "{shared}");
+    // Every event the demos read is in the waterfall or counted lost: read unmatched, or its
+    // return missed (seen when the thread reads again, so each thread's last read may be
+    // neither), or its read's entry skipped by the kernel (a recursion miss).
+    let events: u64 = procs.iter().map(|p| u(&p["events"])).sum();
+    let accounted = events + u(&losses["unmatched_reads"]) + u(&losses["read_returns_missed"]);
+    let entries_skipped = losses["recursion_misses"]["wf_read_entry"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        accounted.abs_diff(cq_events) <= readers + entries_skipped,
+        "{cq_events} CQ events read by the demos; the waterfall has {events} and counts {} unmatched and {} missed returns",
+        losses["unmatched_reads"],
+        losses["read_returns_missed"]
+    );
+    // From 6.7 the kernel counts the kretprobe's misses itself: at least the returns the
+    // programs saw missed (less those the kernel skipped running the program for), and at most
+    // one more per thread (a thread's last missed read is not seen by the programs).
+    let ours = u(&losses["read_returns_missed"]);
+    let kernel = &losses["kprobe_misses"]["wf_read_return"];
+    if kernel_reports_kprobe_misses() {
+        let kernel = u(kernel);
+        let skipped = losses["recursion_misses"]["wf_read_return"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(
+            ours <= kernel + skipped && kernel <= ours + readers,
+            "the kernel counts {kernel} missed returns, the programs {ours}: {losses}"
+        );
+    } else {
+        assert!(losses["kprobe_misses"].is_null(), "{losses}");
+    }
+    let lost_line = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("lost: "))
+        .unwrap_or_else(|| panic!("no lost: line in\n{}", run.stdout));
+    assert!(
+        lost_line.contains(&format!(
+            "{} threads beyond the {SLOTS} thread slots",
+            readers - SLOTS
+        )),
+        "{lost_line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // A fresh run has every slot free.
+    let after = run_demo("event", 50, &[], "waterfall-slots-after");
+    after.assert_success("rdma-trace run --mode event -n 50");
+    assert_eq!(
+        u(&after.report["phases"][0]["losses"]["threads_without_slot"]),
+        0,
+        "{}",
+        after.report["phases"][0]["losses"]
+    );
 }
