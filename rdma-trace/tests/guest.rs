@@ -21,6 +21,8 @@ const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
 
 #[path = "guest/budget.rs"]
 mod budget;
+#[path = "guest/ground_truth.rs"]
+mod ground_truth;
 mod guest_drivers;
 mod guest_ebpf_log;
 #[path = "guest/hardening.rs"]
