@@ -4,11 +4,9 @@
 //! T0 the driver posted the completion, T1 `ib_uverbs_comp_handler` was entered, T2 the handler
 //! woke the waiting thread (`sched_waking`), T3 the thread got a CPU (`sched_switch`), T4 its
 //! `ib_uverbs_comp_event_read` returned. An event whose reader was already awake (no wake-up
-//! inside its handler) has only T1 and T4; its T1→T4 is split into the time its reader was
-//! runnable and waiting for a CPU and the rest (on a CPU doing other work, or asleep on
-//! something else). The eBPF side clamps T1 ≤ T2 ≤ T3 ≤ T4 per event, so the stages partition
-//! T1→T4 exactly, and sums them in nanoseconds beside the histograms; it counts the events it
-//! had to clamp ([`L_CLAMPED`]) and every other loss (`L_*`).
+//! inside its handler) has only T1 and T4. The eBPF side clamps T1 ≤ T2 ≤ T3 ≤ T4 per event, so
+//! the stages partition T1→T4 exactly, and sums them in nanoseconds beside the histograms; it
+//! counts the events it had to clamp ([`L_CLAMPED`]) and every other loss (`L_*`).
 
 use crate::HIST_SLOTS;
 
@@ -34,15 +32,8 @@ pub const H_READ: u32 = 3;
 pub const H_AWAKE: u32 = 4;
 /// Histogram: T1→T4 of every event, measured directly (not as a sum).
 pub const H_TOTAL: u32 = 5;
-/// Histogram: the part of [`H_AWAKE`] the reader spent runnable and waiting for a CPU:
-/// switched out while still running (`sched_switch`'s `prev_state`), or woken by anything,
-/// until it got a CPU.
-pub const H_AWAKE_RUNQ: u32 = 6;
-/// Histogram: the rest of [`H_AWAKE`]: the reader on a CPU doing other work, or asleep on
-/// something else than this channel.
-pub const H_AWAKE_CPU: u32 = 7;
 /// Histograms `H_CLASS + class`: T2→T3 per CPU-placement class (woken events).
-pub const H_CLASS: u32 = 8;
+pub const H_CLASS: u32 = 6;
 /// Histograms per thread slot.
 pub const WF_NHIST: u32 = H_CLASS + NR_CLASSES;
 
@@ -235,10 +226,8 @@ pub struct WfConfig {
     /// `sched_waking` tracepoint record: `pid` and `target_cpu`.
     pub waking_pid: u32,
     pub waking_target_cpu: u32,
-    /// `sched_switch` tracepoint record: `next_pid`, `prev_pid` and `prev_state`.
+    /// `sched_switch` tracepoint record: `next_pid`.
     pub switch_next_pid: u32,
-    pub switch_prev_pid: u32,
-    pub switch_prev_state: u32,
     pub _pad: u32,
     /// Samples to emit at most, per CPU (0: none).
     pub sample_max: u64,
@@ -251,8 +240,6 @@ impl WfConfig {
         waking_pid: 0,
         waking_target_cpu: 0,
         switch_next_pid: 0,
-        switch_prev_pid: 0,
-        switch_prev_state: 0,
         _pad: 0,
         sample_max: 0,
     };
@@ -283,7 +270,7 @@ mod tests {
             8 * (NR_WCOUNTERS + NR_CLASSES + 3 * WF_CPUS + NR_LOSSES) as usize
         );
         assert_eq!(core::mem::size_of::<WfSample>(), 5 * 8 + 8 * 4);
-        assert_eq!(core::mem::size_of::<WfConfig>(), 40);
+        assert_eq!(core::mem::size_of::<WfConfig>(), 32);
         assert_eq!(core::mem::size_of::<WfThread>(), 24);
     }
 }

@@ -17,18 +17,12 @@
 //!   read counts it as woken only if it reads that very event. T3 is the first switch-in after
 //!   T2; a thread woken before it slept has none (T3 = T2).
 //!
-//! - "Already awake" is split by the reader's runnable time: `sched_switch` stamps a reader
-//!   switched out while still runnable (`prev_state` reports no sleep), `sched_waking` one woken
-//!   by anything, and the wait goes to its running total (`WF_RUNNABLE`) when it is switched in. The handler notes the channel's
-//!   last reader's total at T1 in the queue entry; the read takes the difference at T4.
-//!
 //! At the read, T2 and T3 are clamped into [T1, T4]: the stages partition T1→T4 exactly. The
 //! events that needed it are counted (`L_CLAMPED`), and so is every loss (`L_*`: failed map
 //! writes, a full sample ring, missed read returns), in the per-CPU row the event or thread
 //! already uses, or the shared last slot's when no thread is known.
-//! Only threads woken inside a handler are in `WF_WAKE`, and only readers in `WF_RUNNABLE`, so
-//! `sched_switch` costs three hash lookups for everyone else, and `sched_waking` one hash
-//! lookup and one per-CPU read outside handlers.
+//! Only threads woken inside a handler are in `WF_WAKE`, so `sched_switch` costs one hash
+//! lookup for everyone else, and `sched_waking` one per-CPU read outside handlers.
 
 use aya_ebpf::{
     helpers::{
@@ -42,12 +36,12 @@ use aya_ebpf::{
 use rdma_trace_common::{
     HIST_SLOTS, hist_slot,
     waterfall::{
-        CLASS_UNKNOWN, H_AWAKE, H_AWAKE_CPU, H_AWAKE_RUNQ, H_CLASS, H_DRIVER, H_READ, H_RUNQ,
-        H_TOTAL, H_WAKE, L_CLAMPED, L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED,
-        L_SAMPLES, L_SLOT_NOT_STORED, L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED,
-        SF_NO_SWITCH, SF_WOKEN, W_AWAKE, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER,
-        W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_CPUS, WF_NHIST, WF_QUEUE_LEN, WF_THREADS,
-        WfConfig, WfCounts, WfHist, WfSample, WfThread,
+        CLASS_UNKNOWN, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED,
+        L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED, L_SAMPLES, L_SLOT_NOT_STORED,
+        L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED, SF_NO_SWITCH, SF_WOKEN, W_AWAKE,
+        W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED,
+        W_WOKEN, WF_CPUS, WF_NHIST, WF_QUEUE_LEN, WF_THREADS, WfConfig, WfCounts, WfHist, WfSample,
+        WfThread,
     },
 };
 
@@ -60,11 +54,6 @@ static WF_CONFIG: WfConfig = WfConfig::UNSET;
 const QMASK: u64 = WF_QUEUE_LEN as u64 - 1;
 const _: () = assert!(HIST_SLOTS.is_power_of_two());
 const BPF_NOEXIST: u64 = 1;
-/// `sched_switch`'s `prev_state` holds one of these bits for a task that went to sleep; none
-/// (0, or `TASK_REPORT_MAX` = 0x100 for a preempted one) for a task that stays runnable.
-const SLEEP_STATES: i64 = 0xff;
-/// A queue entry's runnable total when the channel had no reader yet.
-const UNKNOWN: u64 = u64::MAX;
 const EEXIST: i64 = 17;
 
 /// Events a channel's handler queued that no read has taken yet.
@@ -73,13 +62,9 @@ const EEXIST: i64 = 17;
 pub struct Queue {
     head: u64,
     tail: u64,
-    /// The thread that last read an event from this channel (0: none yet).
-    reader: u64,
     t0: [u64; WF_QUEUE_LEN as usize],
     t1: [u64; WF_QUEUE_LEN as usize],
     cpu: [u64; WF_QUEUE_LEN as usize],
-    /// That reader's preempted total at T1 ([`UNKNOWN`] without a reader).
-    preempted: [u64; WF_QUEUE_LEN as usize],
 }
 
 /// The handler running on this CPU.
@@ -102,17 +87,6 @@ pub struct Wake {
     t3: u64,
     cpu_target: u32,
     cpu_on: u32,
-}
-
-/// A reader's time runnable without a CPU: switched out while runnable, or woken, until
-/// switched in again.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Runnable {
-    /// When it was switched out while runnable (0: it is on a CPU or asleep).
-    since: u64,
-    /// Sum of the finished waits, ns.
-    total: u64,
 }
 
 /// A read in progress.
@@ -146,9 +120,6 @@ static WF_T0_IRQ_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 const IRQ_T0_WINDOW_NS: u64 = 10_000_000;
 #[map]
 static WF_WAKE: LruHashMap<u32, Wake> = LruHashMap::with_max_entries(4096, 0);
-/// Thread id → its preempted time; an entry per thread that read from a completion channel.
-#[map]
-static WF_RUNNABLE: LruHashMap<u32, Runnable> = LruHashMap::with_max_entries(4096, 0);
 #[map]
 static WF_READING: LruHashMap<u32, Reading> = LruHashMap::with_max_entries(4096, 0);
 /// Thread id → slot.
@@ -277,9 +248,8 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
         let Some(zero) = WF_ZERO.get_ptr(0) else {
             return 0;
         };
-        // SAFETY: a map value pointer, valid for the call; the helper copies from it (by
-        // reference: a queue is too big for the BPF stack).
-        let _ = WF_QUEUES.insert(queue, unsafe { &*zero }, BPF_NOEXIST);
+        // SAFETY: a map value pointer, valid for the call; the helper copies it.
+        let _ = WF_QUEUES.insert(queue, unsafe { *zero }, BPF_NOEXIST);
     }
     let Some(q) = WF_QUEUES.get_ptr_mut(queue) else {
         // The map is full (or out of memory): this event is not mirrored.
@@ -291,17 +261,10 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
     let q = unsafe { &mut *q };
     let event = q.tail;
     let i = (event & QMASK) as usize;
-    let preempted = preempted_at(q.reader as u32, t1);
-    if let (Some(a), Some(b), Some(c), Some(d)) = (
-        q.t0.get_mut(i),
-        q.t1.get_mut(i),
-        q.cpu.get_mut(i),
-        q.preempted.get_mut(i),
-    ) {
+    if let (Some(a), Some(b), Some(c)) = (q.t0.get_mut(i), q.t1.get_mut(i), q.cpu.get_mut(i)) {
         *a = t0;
         *b = t1;
         *c = u64::from(cpu());
-        *d = preempted;
     }
     q.tail = event + 1;
     if q.tail - q.head > WF_QUEUE_LEN as u64 {
@@ -334,18 +297,6 @@ pub fn wf_handler_return(_ctx: RetProbeContext) -> u32 {
 
 #[tracepoint]
 pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
-    let cfg = config(&WF_CONFIG);
-    // SAFETY: offsets of fields of this tracepoint's record, read from its format file.
-    let pid: i32 = unsafe { ctx.read_at(cfg.waking_pid as usize) }.unwrap_or(0);
-    let t = now();
-    // A reader woken by anything is runnable from now until it gets a CPU.
-    if let Some(r) = WF_RUNNABLE.get_ptr_mut(pid as u32) {
-        // SAFETY: a hash map value; see `wf_sched_switch`.
-        let r = unsafe { &mut *r };
-        if r.since == 0 {
-            r.since = t;
-        }
-    }
     let Some(h) = WF_HANDLER.get_ptr(0) else {
         return 0;
     };
@@ -354,6 +305,9 @@ pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
     if h.active == 0 {
         return 0; // not inside a completion handler: not ours
     }
+    let cfg = config(&WF_CONFIG);
+    // SAFETY: offsets of fields of this tracepoint's record, read from its format file.
+    let pid: i32 = unsafe { ctx.read_at(cfg.waking_pid as usize) }.unwrap_or(0);
     // SAFETY: as above.
     let target: i32 = unsafe { ctx.read_at(cfg.waking_target_cpu as usize) }.unwrap_or(-1);
     if pid <= 0 {
@@ -362,7 +316,7 @@ pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
     let w = Wake {
         queue: h.queue,
         event: h.event,
-        t2: t,
+        t2: now(),
         t3: 0,
         cpu_target: target as u32,
         cpu_on: u32::MAX,
@@ -376,27 +330,8 @@ pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn wf_sched_switch(ctx: TracePointContext) -> u32 {
     let cfg = config(&WF_CONFIG);
-    let t = now();
-    // SAFETY: offsets of fields of this tracepoint's record, from its format file.
-    let prev_state: i64 = unsafe { ctx.read_at(cfg.switch_prev_state as usize) }.unwrap_or(1);
-    // SAFETY: as above.
-    let prev: i32 = unsafe { ctx.read_at(cfg.switch_prev_pid as usize) }.unwrap_or(0);
-    if let Some(r) = WF_RUNNABLE.get_ptr_mut(prev as u32) {
-        // SAFETY: a hash map value; its own switches and wake-ups touch `since`, and a thread
-        // is switched on one CPU at a time. Switched out still runnable: it waits from now;
-        // asleep: it does not (a wake-up of itself while it ran is forgotten).
-        unsafe { (*r).since = if prev_state & SLEEP_STATES == 0 { t } else { 0 } };
-    }
     // SAFETY: offset of `next_pid` in this tracepoint's record, from its format file.
     let next: i32 = unsafe { ctx.read_at(cfg.switch_next_pid as usize) }.unwrap_or(0);
-    if let Some(r) = WF_RUNNABLE.get_ptr_mut(next as u32) {
-        // SAFETY: as above.
-        let r = unsafe { &mut *r };
-        if r.since != 0 {
-            r.total += t.saturating_sub(r.since);
-            r.since = 0;
-        }
-    }
     let Some(w) = WF_WAKE.get_ptr_mut(next as u32) else {
         return 0; // not a thread woken by a completion handler
     };
@@ -404,25 +339,10 @@ pub fn wf_sched_switch(ctx: TracePointContext) -> u32 {
     // thread is switched in on one CPU at a time.
     let w = unsafe { &mut *w };
     if w.t3 == 0 {
-        w.t3 = t;
+        w.t3 = now();
         w.cpu_on = cpu();
     }
     0
-}
-
-/// `tid`'s preempted total as of `t` (a wait in progress counted up to `t`); [`UNKNOWN`] for
-/// no thread.
-#[inline(always)]
-fn preempted_at(tid: u32, t: u64) -> u64 {
-    if tid == 0 {
-        return UNKNOWN;
-    }
-    // SAFETY: copied out at once.
-    match unsafe { WF_RUNNABLE.get(tid) } {
-        Some(r) if r.since != 0 => r.total + t.saturating_sub(r.since),
-        Some(r) => r.total,
-        None => UNKNOWN,
-    }
 }
 
 // ---- T4: ib_uverbs_comp_event_read(struct file *filp, ...)
@@ -466,8 +386,6 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
             lose(WF_THREADS - 1, L_READ_NOT_STORED);
         }
     }
-    // From its first read on, the thread's preempted time is kept.
-    let _ = WF_RUNNABLE.insert(tid, Runnable { since: 0, total: 0 }, BPF_NOEXIST);
     0
 }
 
@@ -500,12 +418,8 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
     }
     let event = q.head;
     q.head = event + 1;
-    let reader = q.reader;
-    q.reader = u64::from(tid);
     let i = (event & QMASK) as usize;
-    let (Some(&t0), Some(&t1), Some(&cpu1), Some(&before)) =
-        (q.t0.get(i), q.t1.get(i), q.cpu.get(i), q.preempted.get(i))
-    else {
+    let (Some(&t0), Some(&t1), Some(&cpu1)) = (q.t0.get(i), q.t1.get(i), q.cpu.get(i)) else {
         return 0;
     };
     let cpu4 = cpu();
@@ -548,15 +462,7 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
         }
     }
     s.class = class(s.cpu_handler, s.cpu_on);
-    // An awake reader's preempted time between T1 and T4: known when the total noted at T1
-    // was this thread's.
-    let mut preempted = 0;
-    if s.flags & SF_WOKEN == 0 && reader == u64::from(tid) && before != UNKNOWN {
-        preempted = preempted_at(tid, t4)
-            .saturating_sub(before)
-            .min(t4.saturating_sub(t1));
-    }
-    record(slot, &s, preempted);
+    record(slot, &s);
     0
 }
 
@@ -680,7 +586,7 @@ fn bump(a: &mut [u64; WF_CPUS as usize], cpu: u32) {
 }
 
 #[inline(always)]
-fn record(slot: u32, s: &WfSample, preempted: u64) {
+fn record(slot: u32, s: &WfSample) {
     let Some(c) = WF_COUNTS.get_ptr_mut(slot) else {
         return;
     };
@@ -711,10 +617,7 @@ fn record(slot: u32, s: &WfSample, preempted: u64) {
         }
     } else {
         c.counters[W_AWAKE as usize] += 1;
-        let awake = s.t4.saturating_sub(s.t1);
-        add(c, H_AWAKE, slot, awake);
-        add(c, H_AWAKE_RUNQ, slot, preempted);
-        add(c, H_AWAKE_CPU, slot, awake - preempted);
+        add(c, H_AWAKE, slot, s.t4.saturating_sub(s.t1));
     }
     add(c, H_TOTAL, slot, s.t4.saturating_sub(s.t1));
     if let Some(v) = c.classes.get_mut(s.class as usize) {

@@ -190,11 +190,6 @@ pub fn next_hints(phases: &[Phase], budget_percent: f64, detail: Detail) -> Stri
                 "on CPU → read is the largest stage: the reader does other work between waking \
                  and reading the event (--timeline shows it)",
             ),
-            "awake" if awake_mostly_runnable(last.and_then(|p| p.waterfall.as_ref())) => Some(
-                "most time is in events that found their reader busy, and most of that it sat \
-                 runnable, waiting for a CPU: something else runs on the reader's CPU; give \
-                 the reader a CPU of its own (taskset) or move the other work away",
-            ),
             "awake" => Some(
                 "most time is in events that found their reader busy: the reader is the \
                  bottleneck, not the wake-up",
@@ -221,23 +216,13 @@ pub fn next_hints(phases: &[Phase], budget_percent: f64, detail: Detail) -> Stri
     hints.iter().map(|h| format!("next: {h}\n")).collect()
 }
 
-/// Whether the process with the most events spent most of its "already awake" time runnable
-/// without a CPU.
-fn awake_mostly_runnable(w: Option<&WaterfallReport>) -> bool {
-    let Some(p) = w.and_then(|w| w.processes.iter().max_by_key(|p| p.waterfall.events)) else {
-        return false;
-    };
-    let sum = |key| p.waterfall.stage(key).map_or(0, |s| s.sum_ns);
-    sum("awake_runq") > sum("awake_cpu")
-}
-
 /// The key of the largest stage (by share) of the process with the most events.
 fn largest_stage(w: &WaterfallReport) -> Option<&'static str> {
     let p = w.processes.iter().max_by_key(|p| p.waterfall.events)?;
     p.waterfall
         .stages
         .iter()
-        .filter(|s| s.key != "total" && !crate::waterfall::model::is_part(s.key))
+        .filter(|s| s.key != "total")
         .filter_map(|s| Some((s.key, s.share?)))
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(k, _)| k)

@@ -109,8 +109,6 @@ impl Waterfall {
             waking_pid: need_offset(&kernel, "sched/sched_waking", "pid")?,
             waking_target_cpu: need_offset(&kernel, "sched/sched_waking", "target_cpu")?,
             switch_next_pid: need_offset(&kernel, "sched/sched_switch", "next_pid")?,
-            switch_prev_pid: need_offset(&kernel, "sched/sched_switch", "prev_pid")?,
-            switch_prev_state: need_offset(&kernel, "sched/sched_switch", "prev_state")?,
             _pad: 0,
             // With a timeline every event goes through the ring (drained at each refresh).
             sample_max: if timeline > 0 {

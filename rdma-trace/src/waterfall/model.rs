@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use rdma_trace_common::waterfall::{
-    H_AWAKE, H_AWAKE_CPU, H_AWAKE_RUNQ, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE,
-    L_CLAMPED, NR_CLASSES, W_AWAKE, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER,
-    W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_NHIST, WfCounts,
+    H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED, NR_CLASSES, W_AWAKE,
+    W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN,
+    WF_NHIST, WfCounts,
 };
 use serde::Serialize;
 
@@ -110,32 +110,14 @@ pub struct Stage {
 
 /// Stage keys, names and spans, by histogram number (the T1→T4 partition is wake + runq +
 /// read for woken events, awake for the others).
-pub const STAGES: [(u32, &str, &str, &str); 8] = [
+pub const STAGES: [(u32, &str, &str, &str); 6] = [
     (H_DRIVER, "driver", "driver → handler", "T0→T1"),
     (H_WAKE, "wake", "handler → wake-up", "T1→T2"),
     (H_RUNQ, "runq", "wake-up → on CPU (run queue)", "T2→T3"),
     (H_READ, "read", "on CPU → read returns", "T3→T4"),
     (H_AWAKE, "awake", "already awake: handler → read", "T1→T4"),
-    (
-        H_AWAKE_RUNQ,
-        "awake_runq",
-        "  of it runnable, waiting for CPU",
-        "T1→T4",
-    ),
-    (
-        H_AWAKE_CPU,
-        "awake_cpu",
-        "  of it on a CPU (or asleep)",
-        "T1→T4",
-    ),
     (H_TOTAL, "total", "total, measured directly", "T1→T4"),
 ];
-
-/// Whether stage `key` is a part of another one (of "already awake"), not a stage of the
-/// partition of T1→T4 in its own right.
-pub fn is_part(key: &str) -> bool {
-    key.starts_with("awake_")
-}
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Placement {
@@ -349,7 +331,7 @@ pub fn render(title: &str, w: &Waterfall) -> String {
     let largest = w
         .stages
         .iter()
-        .filter(|s| s.key != "total" && !is_part(s.key))
+        .filter(|s| s.key != "total")
         .filter_map(|s| Some((s.name, s.share?)))
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(name, _)| name);
