@@ -68,8 +68,9 @@ impl Drop for RunTimeStats {
     }
 }
 
-/// Cumulative statistics of one attached program.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Statistics of one attached program: cumulative as the kernel keeps them, or over a window
+/// ([`ProgramStat::since`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ProgramStat {
     /// The program's name in the eBPF object (`kentry_3`).
     pub name: String,
@@ -86,6 +87,22 @@ pub struct ProgramStat {
 }
 
 impl ProgramStat {
+    /// The counts added since `before` (the same program's earlier snapshot; counts from 0
+    /// without one). A miss count stays `None` when this snapshot has none.
+    pub fn since(&self, before: Option<&Self>) -> Self {
+        let delta = |now: u64, then: Option<u64>| now.saturating_sub(then.unwrap_or(0));
+        let misses =
+            |count: fn(&Self) -> Option<u64>| count(self).map(|m| delta(m, before.and_then(count)));
+        Self {
+            name: self.name.clone(),
+            target: self.target.clone(),
+            runs: delta(self.runs, before.map(|b| b.runs)),
+            run_ns: delta(self.run_ns, before.map(|b| b.run_ns)),
+            recursion_misses: misses(|s| s.recursion_misses),
+            kprobe_misses: misses(|s| s.kprobe_misses),
+        }
+    }
+
     /// `program`'s statistics now (attached to `target`), with its kprobes' misses from
     /// `kprobe_misses` (by program id, [`kprobe_misses`]); `None` when the kernel gives none.
     pub fn of(

@@ -58,17 +58,17 @@ pub fn costs(programs: &[ProgramOverhead], cal: Option<&Calibration>) -> Vec<Pro
     programs
         .iter()
         .map(|p| {
-            let mechanism = mechanism_of(&p.name);
+            let mechanism = mechanism_of(&p.counts.name);
             let outside = cal
                 .and_then(|c| c.get(mechanism))
                 .and_then(|m| m.outside_body_ns())
                 .unwrap_or(0.0);
             ProgramCost {
-                name: p.name.clone(),
-                target: p.target.clone(),
+                name: p.counts.name.clone(),
+                target: p.counts.target.clone(),
                 mechanism,
-                runs: p.runs,
-                cost_ns: p.run_ns as f64 + p.runs as f64 * outside,
+                runs: p.counts.runs,
+                cost_ns: p.counts.run_ns as f64 + p.counts.runs as f64 * outside,
             }
         })
         .collect()
@@ -297,13 +297,15 @@ mod tests {
 
     fn prog(name: &str, target: &str, runs: u64, run_ns: u64) -> ProgramOverhead {
         ProgramOverhead {
-            name: name.into(),
-            target: target.into(),
-            runs,
-            run_ns,
+            counts: crate::bpf::stats::ProgramStat {
+                name: name.into(),
+                target: target.into(),
+                runs,
+                run_ns,
+                recursion_misses: None,
+                kprobe_misses: None,
+            },
             ns_per_run: None,
-            recursion_misses: None,
-            kprobe_misses: None,
         }
     }
 

@@ -41,31 +41,23 @@ impl LoaderUsage {
     }
 }
 
-/// One program's cost over a window.
+/// One program's cost over a window: its counts over the window (flattened into the JSON
+/// object: `name`, `target`, `runs`, `run_ns`, `recursion_misses`, `kprobe_misses`; a miss count
+/// is null where the kernel does not report it: recursion misses before 5.12, kprobe misses
+/// before 6.7 or for another kind of program) and their average.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ProgramOverhead {
-    pub name: String,
-    pub target: String,
-    pub runs: u64,
-    pub run_ns: u64,
+    #[serde(flatten)]
+    pub counts: ProgramStat,
     /// Average ns per run (null without runs).
     pub ns_per_run: Option<f64>,
-    /// Runs the kernel skipped over the window because a BPF program was already running on
-    /// the CPU (null where the kernel does not report it: before 5.12; kprobes before 6.7).
-    pub recursion_misses: Option<u64>,
-    /// Misses of its kprobes or kretprobes over the window (null before Linux 6.7, or for
-    /// another kind of program).
-    pub kprobe_misses: Option<u64>,
 }
 
-/// A miss count of `after` since `before` (0 before when `before` had none); `None` when
-/// `after` has none.
-fn misses_since(
-    after: &ProgramStat,
-    before: Option<&ProgramStat>,
-    count: impl Fn(&ProgramStat) -> Option<u64>,
-) -> Option<u64> {
-    count(after).map(|m| m.saturating_sub(before.and_then(&count).unwrap_or(0)))
+impl ProgramOverhead {
+    pub fn new(counts: ProgramStat) -> Self {
+        let ns_per_run = (counts.runs > 0).then(|| counts.run_ns as f64 / counts.runs as f64);
+        Self { counts, ns_per_run }
+    }
 }
 
 /// The cost of tracing over a window.
@@ -95,7 +87,7 @@ impl Overhead {
         let n = round_trips as f64;
         let mut by_group: BTreeMap<&'static str, f64> = BTreeMap::new();
         for p in &self.programs {
-            *by_group.entry(program_group(&p.name)).or_default() += p.runs as f64 / n;
+            *by_group.entry(program_group(&p.counts.name)).or_default() += p.counts.runs as f64 / n;
         }
         Some(HookHits {
             per,
@@ -122,7 +114,7 @@ impl Overhead {
     /// Every program with what it is attached to, the most expensive (total run time) first.
     pub fn cost_table(&self) -> String {
         let mut programs: Vec<&ProgramOverhead> = self.programs.iter().collect();
-        programs.sort_by_key(|p| std::cmp::Reverse(p.run_ns));
+        programs.sort_by_key(|p| std::cmp::Reverse(p.counts.run_ns));
         let mut out = format!(
             "  {:<28} {:<18} {:>10} {:>10} {:>12}\n",
             "attached to", "program", "runs", "ns/run", "total"
@@ -130,11 +122,11 @@ impl Overhead {
         for p in programs {
             out.push_str(&format!(
                 "  {:<28} {:<18} {:>10} {:>10} {:>12}\n",
-                p.target,
-                p.name,
-                p.runs,
+                p.counts.target,
+                p.counts.name,
+                p.counts.runs,
                 p.ns_per_run.map_or("-".to_owned(), |v| format!("{v:.0}")),
-                crate::bpf::hist::human_ns(p.run_ns)
+                crate::bpf::hist::human_ns(p.counts.run_ns)
             ));
         }
         out
@@ -151,20 +143,7 @@ impl Overhead {
         let wall = u1.at.saturating_duration_since(u0.at).as_secs_f64();
         let programs: Vec<ProgramOverhead> = after
             .iter()
-            .map(|a| {
-                let b = before.iter().find(|b| b.name == a.name);
-                let runs = a.runs.saturating_sub(b.map_or(0, |b| b.runs));
-                let run_ns = a.run_ns.saturating_sub(b.map_or(0, |b| b.run_ns));
-                ProgramOverhead {
-                    name: a.name.clone(),
-                    target: a.target.clone(),
-                    runs,
-                    run_ns,
-                    ns_per_run: (runs > 0).then(|| run_ns as f64 / runs as f64),
-                    recursion_misses: misses_since(a, b, |s| s.recursion_misses),
-                    kprobe_misses: misses_since(a, b, |s| s.kprobe_misses),
-                }
-            })
+            .map(|a| ProgramOverhead::new(a.since(before.iter().find(|b| b.name == a.name))))
             .collect();
         let pct = |ns: f64| {
             if wall > 0.0 {
@@ -173,7 +152,7 @@ impl Overhead {
                 0.0
             }
         };
-        let bpf_ns: u64 = programs.iter().map(|p| p.run_ns).sum();
+        let bpf_ns: u64 = programs.iter().map(|p| p.counts.run_ns).sum();
         Self {
             stats: stats.to_owned(),
             bpf_cpu_percent: pct(bpf_ns as f64),
@@ -306,14 +285,11 @@ mod tests {
     /// The truth: programs with known run counts over 10 round trips.
     #[test]
     fn hook_hits_are_runs_per_round_trip_by_group() {
-        let prog = |name: &str, runs: u64| ProgramOverhead {
-            name: name.to_owned(),
-            target: "t".to_owned(),
-            runs,
-            run_ns: runs * 100,
-            ns_per_run: Some(100.0),
-            recursion_misses: None,
-            kprobe_misses: None,
+        let prog = |name: &str, runs: u64| {
+            ProgramOverhead::new(ProgramStat {
+                target: "t".to_owned(),
+                ..stat(name, runs, runs * 100)
+            })
         };
         let o = Overhead {
             stats: String::new(),
@@ -376,7 +352,7 @@ mod tests {
         let after = [stat("a", 110, 21_000), stat("b", 0, 0), stat("c", 4, 400)];
         let o = Overhead::between("test", &before, &after, u0, u1);
         assert_eq!(o.programs.len(), 3);
-        assert_eq!(o.programs[0].runs, 100);
+        assert_eq!(o.programs[0].counts.runs, 100);
         assert_eq!(o.programs[0].ns_per_run, Some(200.0));
         assert_eq!(o.programs[1].ns_per_run, None, "no runs, no average");
         assert_eq!(

@@ -179,10 +179,13 @@ pub fn waterfall_and_losses(
     let merged = delta.as_ref().and_then(Snapshot::merged_data);
     let losses = Losses::new(
         merged.as_ref().map(|t| &t.counts),
-        overhead
-            .programs
-            .iter()
-            .map(|p| (p.name.as_str(), p.recursion_misses, p.kprobe_misses)),
+        overhead.programs.iter().map(|p| {
+            (
+                p.counts.name.as_str(),
+                p.counts.recursion_misses,
+                p.counts.kprobe_misses,
+            )
+        }),
         release,
     );
     Ok((delta.as_ref().map(WaterfallReport::from_snapshot), losses))

@@ -375,7 +375,7 @@ fn draw_footer(f: &mut Frame, area: Rect, app: &App) {
                 o.bpf_cpu_percent,
                 o.programs.len(),
                 worst
-                    .map(|(n, p)| format!(" (max {n:.0} ns/run: {})", p.target))
+                    .map(|(n, p)| format!(" (max {n:.0} ns/run: {})", p.counts.target))
                     .unwrap_or_default(),
                 o.loader_cpu_percent,
                 o.loader_peak_rss_kib
