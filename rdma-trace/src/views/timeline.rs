@@ -732,6 +732,13 @@ mod tests {
         }
     }
 
+    /// `ev(ts, cpu, tid, kind, id)` of each tuple, in order.
+    fn feed(c: &mut Collector, events: &[(u64, u32, u64, u32, u32)]) {
+        for &(ts, cpu, tid, kind, id) in events {
+            c.push(&ev(ts, cpu, tid, kind, id));
+        }
+    }
+
     fn collector(sample: usize, max_events: usize) -> Collector {
         Collector::new(Config {
             functions: ["rxe_rcv", "ib_uverbs_comp_handler", "rxe_cq_post"]
@@ -744,12 +751,17 @@ mod tests {
 
     /// softirq NET_RX ⊃ rxe_rcv ⊃ rxe_cq_post ⊃ ib_uverbs_comp_handler, starting at `t`.
     fn completion(c: &mut Collector, t: u64, cpu: u32, handler_ns: u64) {
-        c.push(&ev(t, cpu, 7, TL_SOFTIRQ_ENTRY, 3));
-        c.push(&ev(t + 10, cpu, 7, TL_FUNC_ENTRY, 0));
-        c.push(&ev(t + 20, cpu, 7, TL_FUNC_ENTRY, 2));
-        c.push(&ev(t + 30, cpu, 7, TL_FUNC_ENTRY, 1));
-        c.push(&ev(t + 30 + handler_ns, cpu, 7, TL_FUNC_RETURN, 1));
-        c.push(&ev(t + 40 + handler_ns, cpu, 7, TL_FUNC_RETURN, 2));
+        feed(
+            c,
+            &[
+                (t, cpu, 7, TL_SOFTIRQ_ENTRY, 3),
+                (t + 10, cpu, 7, TL_FUNC_ENTRY, 0),
+                (t + 20, cpu, 7, TL_FUNC_ENTRY, 2),
+                (t + 30, cpu, 7, TL_FUNC_ENTRY, 1),
+                (t + 30 + handler_ns, cpu, 7, TL_FUNC_RETURN, 1),
+                (t + 40 + handler_ns, cpu, 7, TL_FUNC_RETURN, 2),
+            ],
+        );
         c.push(&TimelineEvent {
             kind: TL_NAPI_POLL,
             arg: 2,
@@ -938,9 +950,14 @@ mod tests {
         // A return without entry.
         c.push(&ev(5 * STALE_NS, 1, 1, TL_FUNC_RETURN, 0));
         // An inner entry that never returns inside an outer call that does.
-        c.push(&ev(6 * STALE_NS, 1, 1, TL_FUNC_ENTRY, 0));
-        c.push(&ev(6 * STALE_NS + 5, 1, 1, TL_FUNC_ENTRY, 1));
-        c.push(&ev(6 * STALE_NS + 9, 1, 1, TL_FUNC_RETURN, 0));
+        feed(
+            &mut c,
+            &[
+                (6 * STALE_NS, 1, 1, TL_FUNC_ENTRY, 0),
+                (6 * STALE_NS + 5, 1, 1, TL_FUNC_ENTRY, 1),
+                (6 * STALE_NS + 9, 1, 1, TL_FUNC_RETURN, 0),
+            ],
+        );
         let tl = c.build(&HashMap::new(), 0);
         assert_eq!(tl.completions, 2);
         assert_eq!(tl.slices.len(), 5);
@@ -952,10 +969,15 @@ mod tests {
         // Two CPUs, one thread: slices [0, 100] on CPU 0 and [50, 150] on CPU 1 overlap on the
         // thread's track without nesting.
         let mut c = collector(10, 10_000);
-        c.push(&ev(0, 0, 9, TL_FUNC_ENTRY, 0));
-        c.push(&ev(50, 1, 9, TL_FUNC_ENTRY, 1));
-        c.push(&ev(100, 0, 9, TL_FUNC_RETURN, 0));
-        c.push(&ev(150, 1, 9, TL_FUNC_RETURN, 1));
+        feed(
+            &mut c,
+            &[
+                (0, 0, 9, TL_FUNC_ENTRY, 0),
+                (50, 1, 9, TL_FUNC_ENTRY, 1),
+                (100, 0, 9, TL_FUNC_RETURN, 0),
+                (150, 1, 9, TL_FUNC_RETURN, 1),
+            ],
+        );
         let (events, slices) = c.build(&HashMap::new(), 0).events();
         assert_eq!(slices, 2);
         assert_eq!(check(&events), 3);

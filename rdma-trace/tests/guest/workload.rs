@@ -95,6 +95,22 @@ fn only_phase<'a>(doc: &'a Value, kind: &str) -> &'a Value {
     &phases[0]
 }
 
+/// The window of a `-- CMD` run whose command (`what`) exited 0 and took completion events: it
+/// ended with the command, whose status the report carries.
+fn event_command_window<'a>(
+    doc: &'a Value,
+    status: Option<i32>,
+    what: &str,
+    stdout: &str,
+) -> &'a Value {
+    let report = only_phase(doc, "command");
+    assert_eq!(status, Some(0), "{what} (timeout: 124): {stdout}");
+    assert_eq!(report["window"]["ended_by"], "command");
+    assert_eq!(report["window"]["command_status"], 0);
+    assert_eq!(report["completion_mode"], "completion events");
+    report
+}
+
 fn probe_count(report: &Value, name: &str) -> u64 {
     let p = probe(report, name);
     assert!(p["skipped"].is_null(), "{name} skipped: {}", p["skipped"]);
@@ -114,11 +130,7 @@ fn processes<'a>(report: &'a Value, comm: &str) -> Vec<&'a Value> {
 fn run_cmd_ibv_rc_pingpong_event_pair_counts_completion_events_per_process() {
     let iters = 300;
     let (status, stdout, doc) = run_cmd(&[], &rc_pingpong_pair(true, iters, 18_601), "rc-e");
-    let report = only_phase(&doc, "command");
-    assert_eq!(status, Some(0), "{stdout}");
-    assert_eq!(report["window"]["ended_by"], "command");
-    assert_eq!(report["window"]["command_status"], 0);
-    assert_eq!(report["completion_mode"], "completion events");
+    let report = event_command_window(&doc, status, "ibv_rc_pingpong -e pair", &stdout);
     let handled = probe_count(report, "ib_uverbs_comp_handler");
     assert!(
         handled >= u64::from(iters),
@@ -294,11 +306,7 @@ fn run_cmd_rping_pair_reads_completion_events_with_a_waterfall_per_side() {
         &wait_cm_listen(port),
     );
     let (status, stdout, doc) = run_cmd(&[], &cmd, "rping");
-    let report = only_phase(&doc, "command");
-    assert_eq!(status, Some(0), "rping pair (timeout: 124): {stdout}");
-    assert_eq!(report["window"]["ended_by"], "command");
-    assert_eq!(report["window"]["command_status"], 0);
-    assert_eq!(report["completion_mode"], "completion events");
+    let report = event_command_window(&doc, status, "rping pair", &stdout);
     let handled = probe_count(report, "ib_uverbs_comp_handler");
     let both = with_events_and_waterfall(report, "rping", 2);
     assert_ne!(both[0]["pid"], both[1]["pid"]);
