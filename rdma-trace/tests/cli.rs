@@ -22,6 +22,13 @@ fn fails_early(args: &[&str]) -> (i32, String) {
     (code, err)
 }
 
+/// `args` fails with `code` and one line that contains `says`.
+fn fails_with(args: &[&str], code: i32, says: &str) {
+    let (got, err) = fails_early(args);
+    assert_eq!(got, code, "{args:?}: {err}");
+    assert!(one_line(&err).contains(says), "{args:?}: {err}");
+}
+
 fn one_line(err: &str) -> &str {
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "not one line: {err}");
@@ -31,38 +38,40 @@ fn one_line(err: &str) -> &str {
 
 #[test]
 fn a_command_that_does_not_exist_is_named() {
-    let (code, err) = fails_early(&["run", "--no-tui", "--", "no-such-command-xyz", "-v"]);
-    assert_eq!(code, 1);
-    let line = one_line(&err);
-    assert!(
-        line.contains("\"no-such-command-xyz\" not found on PATH"),
-        "{line}"
+    fails_with(
+        &["run", "--no-tui", "--", "no-such-command-xyz", "-v"],
+        1,
+        "\"no-such-command-xyz\" not found on PATH",
     );
-    let (_, err) = fails_early(&["run", "--no-tui", "--", "/no/such/dir/prog"]);
-    assert!(
-        one_line(&err).contains("/no/such/dir/prog: no such file"),
-        "{err}"
+    fails_with(
+        &["run", "--no-tui", "--", "/no/such/dir/prog"],
+        1,
+        "/no/such/dir/prog: no such file",
     );
     let plain = std::env::temp_dir().join(format!("rdma-trace-cli-{}.txt", std::process::id()));
     std::fs::write(&plain, "not a program\n").unwrap();
-    let (_, err) = fails_early(&["run", "--no-tui", "--", plain.to_str().unwrap()]);
+    let (code, err) = fails_early(&["run", "--no-tui", "--", plain.to_str().unwrap()]);
     let _ = std::fs::remove_file(&plain);
+    assert_eq!(code, 1, "{err}");
     assert!(one_line(&err).contains("not an executable file"), "{err}");
 }
 
 #[test]
 fn a_pid_that_does_not_exist_is_named() {
     // Above the kernel's pid_max (4194304 at most).
-    let (code, err) = fails_early(&["run", "--no-tui", "--pid", "99999999"]);
-    assert_eq!(code, 1);
-    assert!(
-        one_line(&err).contains("--pid 99999999: no such process"),
-        "{err}"
+    fails_with(
+        &["run", "--no-tui", "--pid", "99999999"],
+        1,
+        "--pid 99999999: no such process",
     );
     // One bad pid among good ones.
     let me = std::process::id().to_string();
-    let (_, err) = fails_early(&["run", "--no-tui", "--pid", &format!("{me},99999998")]);
-    assert!(one_line(&err).contains("--pid 99999998"), "{err}");
+    let some_bad = format!("{me},99999998");
+    fails_with(
+        &["run", "--no-tui", "--pid", &some_bad],
+        1,
+        "--pid 99999998",
+    );
     let (code, _) = fails_early(&["run", "--pid", "0"]);
     assert_eq!(code, 2, "pid 0 is a usage error");
     let (code, _) = fails_early(&["run", "--pid", "abc"]);
@@ -107,10 +116,10 @@ fn an_unwritable_timeline_is_refused_before_tracing() {
     ]);
     assert_eq!(code, 1);
     assert!(one_line(&err).contains("is a directory"), "{err}");
-    let (_, err) = fails_early(&["run", "--timeline", "/no/such/dir/trace.json", "--all"]);
-    assert!(
-        one_line(&err).contains("--timeline /no/such/dir/trace.json: cannot write there"),
-        "{err}"
+    fails_with(
+        &["run", "--timeline", "/no/such/dir/trace.json", "--all"],
+        1,
+        "--timeline /no/such/dir/trace.json: cannot write there",
     );
 }
 
@@ -163,11 +172,10 @@ fn old_flag_spellings_are_refused_in_one_line() {
 /// `-c "CMD ARGS"` is `-- CMD ARGS`: the same errors, one line each.
 #[test]
 fn a_command_line_given_with_c_is_split_into_words() {
-    let (code, err) = fails_early(&["run", "--no-tui", "-c", "no-such-command-xyz -v 'a b'"]);
-    assert_eq!(code, 1);
-    assert!(
-        one_line(&err).contains("\"no-such-command-xyz\" not found on PATH"),
-        "{err}"
+    fails_with(
+        &["run", "--no-tui", "-c", "no-such-command-xyz -v 'a b'"],
+        1,
+        "\"no-such-command-xyz\" not found on PATH",
     );
     let (code, err) = fails_early(&["run", "-c", "sh -c 'unclosed"]);
     assert_eq!(code, 2, "{err}");
