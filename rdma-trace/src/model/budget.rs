@@ -367,11 +367,15 @@ mod tests {
 
     #[test]
     fn mechanisms_by_program_name() {
-        assert_eq!(mechanism_of("kentry_3"), "kprobe");
-        assert_eq!(mechanism_of("kreturn_12"), "kretprobe");
-        assert_eq!(mechanism_of("fexit_0"), "fentry");
-        assert_eq!(mechanism_of("ureturn"), "uprobe");
-        assert_eq!(mechanism_of("softirq_entry"), "raw_tp");
+        for (program, mechanism) in [
+            ("kentry_3", "kprobe"),
+            ("kreturn_12", "kretprobe"),
+            ("fexit_0", "fentry"),
+            ("ureturn", "uprobe"),
+            ("softirq_entry", "raw_tp"),
+        ] {
+            assert_eq!(mechanism_of(program), mechanism, "{program}");
+        }
     }
 
     #[test]
