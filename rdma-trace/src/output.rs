@@ -37,15 +37,23 @@ pub struct PrivateDir {
 /// The lock file inside a private directory.
 const OWNER: &str = "owner";
 
+/// Options that never open through a symlink at the path (`O_NOFOLLOW`), keep the descriptor
+/// from children (`O_CLOEXEC`), and create a file with `mode`.
+pub fn no_follow(mode: u32) -> std::fs::OpenOptions {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut options = std::fs::OpenOptions::new();
+    options
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    options
+}
+
 /// Open `path` without following a symlink and try to lock it; `Ok(true)`: locked by us now.
 fn try_lock(path: &Path, create: bool) -> std::io::Result<(File, bool)> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let file = std::fs::OpenOptions::new()
+    let file = no_follow(0o600)
         .read(true)
         .write(true)
         .create_new(create)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)?;
     // SAFETY: flock on a descriptor we own; no memory is involved.
     let locked = unsafe {

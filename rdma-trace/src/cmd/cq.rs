@@ -115,17 +115,14 @@ fn json_on_stdout(args: &Args) -> bool {
 /// The file of `--json PATH`, created (or emptied) now; a symlink there is refused, not
 /// followed.
 fn json_file(args: &Args) -> Result<Option<std::io::BufWriter<std::fs::File>>> {
-    use std::os::unix::fs::OpenOptionsExt as _;
     let Some(path) = args.json.as_deref().filter(|_| !json_on_stdout(args)) else {
         return Ok(None);
     };
     crate::output::check_writable(path)?;
-    let file = std::fs::OpenOptions::new()
+    let file = crate::output::no_follow(0o644)
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(Some(std::io::BufWriter::new(file)))

@@ -13,10 +13,7 @@
 use std::{
     fs::File,
     io::{Read as _, Seek as _, Write as _},
-    os::{
-        fd::AsRawFd as _,
-        unix::fs::{MetadataExt as _, OpenOptionsExt as _},
-    },
+    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
     path::{Path, PathBuf},
     process::Command,
 };
@@ -222,13 +219,11 @@ fn claim(dir: &Path) -> Result<Claim> {
     }
     let path = dir.join(format!("{NAME}.lock"));
     loop {
-        let mut file = std::fs::OpenOptions::new()
+        let mut file = crate::output::no_follow(0o600)
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .with_context(|| format!("opening the lock file {}", path.display()))?;
         // SAFETY: flock on a descriptor we own; no memory is involved.
