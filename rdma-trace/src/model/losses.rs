@@ -26,7 +26,8 @@ pub struct Losses {
     pub queue_map_full: u64,
     /// Threads that found every thread slot taken: their events are in pid 0.
     pub threads_without_slot: u64,
-    /// Threads whose slot entry the LRU map evicted, found again (nothing lost).
+    /// Threads whose slot entry the LRU map evicted, found again. Nothing is lost: it is in
+    /// the JSON as a health count, and not in the `lost:` line or `export`'s losses.
     pub slots_refound: u64,
     /// Wake-ups not stored: those events count as already awake.
     pub wake_ups_not_stored: u64,
@@ -171,11 +172,6 @@ impl Losses {
                 "slot_entries_not_stored",
                 self.slot_entries_not_stored,
                 "thread → slot entries not stored (found again at the next event)".to_owned(),
-            ),
-            (
-                "slots_refound",
-                self.slots_refound,
-                "thread slots forgotten by the LRU map and found again (nothing lost)".to_owned(),
             ),
             (
                 "samples_dropped",
@@ -341,13 +337,17 @@ mod tests {
     #[test]
     fn nothing_lost_prints_nothing_and_old_kernels_say_what_they_cannot_count() {
         let mut quiet = Snapshot::default();
-        quiet.threads.insert(0, slot(7, 50, &[], &[]));
+        // A slot forgotten by the LRU map and found again: nothing lost.
+        quiet
+            .threads
+            .insert(0, slot(7, 50, &[(L_SLOT_REFOUND, 2)], &[]));
         let w = quiet.merged_data().unwrap();
         let l = Losses::new(
             Some(&w.counts),
             [("wf_read_return", Some(0), None)],
             Some("6.1.0-28-amd64"),
         );
+        assert_eq!(l.slots_refound, 2, "a health count in the JSON");
         assert!(l.items().iter().all(|(_, n, _)| *n == 0));
         assert_eq!(l.line(), None);
         assert_eq!(l.kprobe_misses, None);

@@ -264,12 +264,16 @@ pub struct WaterfallReport {
 impl WaterfallReport {
     pub fn from_snapshot(s: &Snapshot) -> WaterfallReport {
         let mut by_pid: BTreeMap<u32, (ThreadData, Vec<&ThreadData>)> = BTreeMap::new();
-        // A slot with losses only (the shared one's global counters) read no event.
-        for t in s
-            .threads
-            .values()
-            .filter(|t| t.counts.counters.iter().any(|&c| c > 0))
-        {
+        // A thread's slot shows when anything was counted in it. The shared last slot (tid 0)
+        // also holds the global counters (a full queue, unmatched reads: in the losses), so it
+        // shows only when threads beyond the slots read events in it.
+        for t in s.threads.values().filter(|t| {
+            if t.tid == 0 {
+                t.counts.get(W_EVENTS) > 0
+            } else {
+                t.counts.counters.iter().any(|&c| c > 0)
+            }
+        }) {
             let e = by_pid.entry(t.tgid).or_insert_with(|| {
                 let mut z = t.clone();
                 z.counts = Counts::default();
@@ -522,6 +526,7 @@ pub fn explain(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdma_trace_common::waterfall::WF_THREADS;
 
     fn hist(values: &[u64]) -> Histogram {
         Histogram::of_values(values)
@@ -621,6 +626,31 @@ mod tests {
         let text = render_report(&r);
         assert!(text.contains("waterfall of pid 20"), "{text}");
         assert!(text.contains("thread 11 (t11): 1 events"), "{text}");
+    }
+
+    /// The shared slot's global counters (a full queue, an unmatched read) are losses, not a
+    /// "pid 0" process; its events are.
+    #[test]
+    fn the_shared_slot_shows_only_with_events() {
+        let mut shared = thread(0, 0, &[], &[]);
+        shared.counts.counters[W_DROPPED as usize] = 3;
+        shared.counts.counters[W_UNMATCHED as usize] = 1;
+        let mut s = Snapshot {
+            threads: BTreeMap::from([
+                (0, thread(10, 10, &[(1, 2, 3)], &[])),
+                (WF_THREADS - 1, shared),
+            ]),
+        };
+        let r = WaterfallReport::from_snapshot(&s);
+        assert_eq!(r.processes.len(), 1, "{:?}", r.processes);
+        assert_eq!(r.processes[0].pid, 10);
+        let beyond = thread(0, 0, &[], &[9]);
+        s.threads.get_mut(&(WF_THREADS - 1)).unwrap().merge(&beyond);
+        let r = WaterfallReport::from_snapshot(&s);
+        assert_eq!(r.processes.len(), 2);
+        assert_eq!(r.processes[0].pid, 0);
+        assert_eq!(r.processes[0].comm, "(threads beyond the slots)");
+        assert_eq!(r.processes[0].waterfall.dropped, 3);
     }
 
     /// Real-shaped: 100 round trips; each side (client, server) sleeps once per round trip
