@@ -363,8 +363,9 @@ pub const PROBES: &[ProbeDef] = &[
         module: None,
         since: None,
         role: Role::Stage,
-        // Opt-in (`--uprobes`) whatever the preset; `full` opts in.
-        preset: Preset::Default,
+        // In every preset, so that `--uprobes` opts in whatever the preset (`full` opts in by
+        // itself); without `--uprobes` the plan skips it.
+        preset: Preset::Minimal,
     },
     ProbeDef {
         name: Cow::Borrowed("wakeup"),
@@ -748,6 +749,8 @@ mod tests {
             names(Preset::Minimal),
             [
                 "ib_uverbs_comp_handler",
+                // opt-in (--uprobes) in every preset
+                "ibv_get_cq_event",
                 "mlx5_ib_cq_comp",
                 "irdma_process_ceq",
                 "bnxt_re_cqn_handler",
@@ -760,6 +763,7 @@ mod tests {
             let n = PROBES
                 .iter()
                 .filter(|p| p.driver == d && p.preset == Preset::Minimal)
+                .filter(|p| !p.methods.contains(&Method::Uprobe))
                 .count();
             let want = usize::from(d != Driver::Network);
             assert_eq!(n, want, "{d:?}");
@@ -777,8 +781,6 @@ mod tests {
         assert_eq!(
             added,
             [
-                // opt-in (--uprobes) whatever the preset
-                "ibv_get_cq_event",
                 // mlx5: hard IRQ (EQ handler), completion tasklet
                 "mlx5_eq_comp_int",
                 "mlx5_cq_tasklet_cb",
