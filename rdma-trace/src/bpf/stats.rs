@@ -185,11 +185,15 @@ struct IdAttr {
 /// Per program id: how often the kernel's kprobes and kretprobes that run it missed (a
 /// kretprobe without a free instance, `maxactive`; a kprobe hit while another ran), summed over
 /// its perf-event links (`bpf_link_info.perf_event.kprobe.missed`). `None` before Linux 6.7,
-/// which does not report it: the field reads 0 there. Walks every BPF link of the system
-/// (`BPF_LINK_GET_NEXT_ID`): for reports and scrapes, not for every refresh.
+/// which does not report it: the field reads 0 there.
+///
+/// The first call walks every BPF link of the system (`BPF_LINK_GET_NEXT_ID`); later calls
+/// read again only the kprobe links found so far, and look for new links only above the
+/// highest id seen (the kernel hands out link ids in increasing order): one call per refresh
+/// costs two system calls per kprobe link, not three per link of the whole system.
 pub fn kprobe_misses() -> Option<std::collections::HashMap<u32, u64>> {
-    use std::os::fd::{AsRawFd as _, FromRawFd as _};
     static SINCE_6_7: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static LINKS: std::sync::Mutex<KprobeLinks> = std::sync::Mutex::new(KprobeLinks::new());
     let reported = *SINCE_6_7.get_or_init(|| {
         fs::read_to_string("/proc/sys/kernel/osrelease")
             .ok()
@@ -199,43 +203,95 @@ pub fn kprobe_misses() -> Option<std::collections::HashMap<u32, u64>> {
     if !reported {
         return None;
     }
-    let mut out = std::collections::HashMap::new();
-    let mut id = 0u32;
-    loop {
+    let mut links = LINKS.lock().unwrap_or_else(|e| e.into_inner());
+    Some(links.misses(&mut SysLinks))
+}
+
+/// What [`KprobeLinks`] asks of the kernel's BPF links.
+trait LinkSource {
+    /// The first link id above `id`; `None` when there is none.
+    fn next_id(&mut self, id: u32) -> Option<u32>;
+    /// Link `id`: `None` when it is gone; `Some(None)` when it is not a kprobe perf-event link;
+    /// else its program id and miss count.
+    fn kprobe(&mut self, id: u32) -> Option<Option<(u32, u64)>>;
+}
+
+/// The kprobe links seen so far, and the highest link id looked at.
+struct KprobeLinks {
+    kprobes: Vec<u32>,
+    highest: u32,
+}
+
+impl KprobeLinks {
+    const fn new() -> Self {
+        Self {
+            kprobes: Vec::new(),
+            highest: 0,
+        }
+    }
+
+    /// Misses by program id: the known kprobe links read again (those gone are forgotten),
+    /// then each link above the highest id seen.
+    fn misses(&mut self, src: &mut impl LinkSource) -> std::collections::HashMap<u32, u64> {
+        let mut out = std::collections::HashMap::new();
+        let mut add = |found: Option<(u32, u64)>| {
+            if let Some((prog, missed)) = found {
+                *out.entry(prog).or_default() += missed;
+            }
+        };
+        self.kprobes.retain(|&id| match src.kprobe(id) {
+            Some(found) => {
+                add(found);
+                true
+            }
+            None => false,
+        });
+        while let Some(id) = src.next_id(self.highest) {
+            self.highest = id;
+            if let Some(found @ Some(_)) = src.kprobe(id) {
+                add(found);
+                self.kprobes.push(id);
+            }
+        }
+        out
+    }
+}
+
+/// The running kernel's links, through raw `bpf(2)` calls (aya 0.14 has no link iteration).
+struct SysLinks;
+
+impl LinkSource for SysLinks {
+    fn next_id(&mut self, id: u32) -> Option<u32> {
         let mut next = IdAttr {
             id,
             ..IdAttr::default()
         };
         // SAFETY: a valid BPF_LINK_GET_NEXT_ID attribute (plain integers, no pointers).
-        if unsafe { super::batch::sys_bpf(BPF_LINK_GET_NEXT_ID, &mut next) } != 0 {
-            break; // ENOENT: no link after `id`
-        }
-        id = next.next_id;
+        let rc = unsafe { super::batch::sys_bpf(BPF_LINK_GET_NEXT_ID, &mut next) };
+        (rc == 0).then_some(next.next_id) // ENOENT: no link after `id`
+    }
+
+    fn kprobe(&mut self, id: u32) -> Option<Option<(u32, u64)>> {
+        use std::os::fd::{AsRawFd as _, FromRawFd as _};
         let mut by_id = IdAttr {
             id,
             ..IdAttr::default()
         };
         // SAFETY: a valid BPF_LINK_GET_FD_BY_ID attribute (plain integers, no pointers).
         let fd = unsafe { super::batch::sys_bpf(BPF_LINK_GET_FD_BY_ID, &mut by_id) };
-        let Ok(fd) = i32::try_from(fd) else { continue };
-        if fd < 0 {
-            continue; // the link went away meanwhile
-        }
+        let fd = i32::try_from(fd).ok().filter(|&fd| fd >= 0)?; // gone meanwhile
         // SAFETY: the kernel just returned this new descriptor; nothing else owns it.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        let Some((info, _)) = obj_info(fd.as_raw_fd()) else {
-            continue;
-        };
+        let (info, _) = obj_info(fd.as_raw_fd())?;
         let word = |at: usize| info[at / 8];
         let half = |at: usize| (word(at) >> (8 * (at % 8))) as u32;
         let [link_type, prog_id, perf_event_type, missed] = LINK_INFO_AT;
-        if half(link_type) == BPF_LINK_TYPE_PERF_EVENT
-            && KPROBE_TYPES.contains(&half(perf_event_type))
-        {
-            *out.entry(half(prog_id)).or_default() += word(missed);
-        }
+        Some(
+            (half(link_type) == BPF_LINK_TYPE_PERF_EVENT
+                && KPROBE_TYPES.contains(&half(perf_event_type)))
+            .then(|| (half(prog_id), word(missed))),
+        )
     }
-    Some(out)
 }
 
 /// `BPF_OBJ_GET_INFO_BY_FD` of `fd` into 512 bytes (more than any kernel's struct for a program
@@ -253,4 +309,63 @@ fn obj_info(fd: i32) -> Option<([u64; 64], usize)> {
     // and sets `info_len` to what it wrote.
     let rc = unsafe { super::batch::sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) };
     (rc == 0).then_some((info, attr.info_len as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use super::*;
+
+    /// A made-up link table (id → kprobe (program, misses) or another kind), counting what was
+    /// asked of it.
+    #[derive(Default)]
+    struct FakeLinks {
+        links: BTreeMap<u32, Option<(u32, u64)>>,
+        reads: Vec<u32>,
+    }
+
+    impl LinkSource for FakeLinks {
+        fn next_id(&mut self, id: u32) -> Option<u32> {
+            self.links.range(id + 1..).next().map(|(&id, _)| id)
+        }
+
+        fn kprobe(&mut self, id: u32) -> Option<Option<(u32, u64)>> {
+            self.reads.push(id);
+            self.links.get(&id).copied()
+        }
+    }
+
+    #[test]
+    fn kprobe_links_are_found_once_and_then_read_alone() {
+        let mut src = FakeLinks::default();
+        // Links 1-3: a cgroup link, our kprobe and kretprobe of program 7 (two links of one
+        // program add up), a kprobe of program 9.
+        src.links.insert(1, None);
+        src.links.insert(2, Some((7, 5)));
+        src.links.insert(3, Some((7, 1)));
+        src.links.insert(4, Some((9, 0)));
+        let mut cache = KprobeLinks::new();
+        assert_eq!(cache.misses(&mut src), HashMap::from([(7, 6), (9, 0)]));
+        assert_eq!(src.reads, [1, 2, 3, 4], "the first call walks every link");
+        // Later: more misses, link 4 gone, a new kprobe link 6 and another kind 5.
+        src.reads.clear();
+        src.links.insert(2, Some((7, 50)));
+        src.links.remove(&4);
+        src.links.insert(5, None);
+        src.links.insert(6, Some((11, 2)));
+        assert_eq!(cache.misses(&mut src), HashMap::from([(7, 51), (11, 2)]));
+        assert_eq!(
+            src.reads,
+            [2, 3, 4, 5, 6],
+            "known kprobes, then only new ids"
+        );
+        src.reads.clear();
+        cache.misses(&mut src);
+        assert_eq!(
+            src.reads,
+            [2, 3, 6],
+            "the other kinds and the gone link are not read"
+        );
+    }
 }
