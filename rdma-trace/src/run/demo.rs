@@ -115,6 +115,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         let (window, demo_json, demo_out) =
             run_demo(&demo, mode, &server, &client, args, &mut live, &mut src).await?;
         let after = src.session.snapshot()?;
+        let wf_window = super::report::waterfall_window(wf.as_ref().zip(wf_before.as_ref()))?;
         let data = delta(&after, src.base.phase_data());
         let probes = probe_reports(src.session, &data, window.seconds);
         let mut overhead = src.base.overhead(src.session);
@@ -132,10 +133,10 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         let dropped = std::mem::take(&mut src.dropped);
         drop(src);
         let (wf_report, losses) = super::report::waterfall_and_losses(
-            wf.as_ref().zip(wf_before.as_ref()),
+            wf_window.as_ref(),
             &overhead,
             kernel.release().as_deref(),
-        )?;
+        );
         let status = window.command_status;
         let phase = Phase {
             mode: Some(mode),

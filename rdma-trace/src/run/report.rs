@@ -165,18 +165,21 @@ pub struct ProcessReport {
     pub calls: BTreeMap<Cow<'static, str>, u64>,
 }
 
-/// A phase's waterfall (its counts since `before`, the snapshot at the window's start) and its
-/// losses over the same window: the waterfall's loss counters and the recursion misses of
-/// `overhead`'s programs.
+/// The waterfall's counts over a window: now since `before`, the snapshot at the window's
+/// start. Taken when the window ends, next to the probe table's end snapshot.
+pub fn waterfall_window(wf: Option<(&Waterfall, &Snapshot)>) -> anyhow::Result<Option<Snapshot>> {
+    wf.map(|(w, before)| w.snapshot().map(|s| s.since(before)))
+        .transpose()
+}
+
+/// A phase's waterfall (`delta`, from [`waterfall_window`]) and its losses over the same
+/// window: the waterfall's loss counters and the recursion misses of `overhead`'s programs.
 pub fn waterfall_and_losses(
-    wf: Option<(&Waterfall, &Snapshot)>,
+    delta: Option<&Snapshot>,
     overhead: &Overhead,
     release: Option<&str>,
-) -> anyhow::Result<(Option<WaterfallReport>, Losses)> {
-    let delta = wf
-        .map(|(w, before)| w.snapshot().map(|s| s.since(before)))
-        .transpose()?;
-    let merged = delta.as_ref().and_then(Snapshot::merged_data);
+) -> (Option<WaterfallReport>, Losses) {
+    let merged = delta.and_then(Snapshot::merged_data);
     let losses = Losses::new(
         merged.as_ref().map(|t| &t.counts),
         overhead.programs.iter().map(|p| {
@@ -188,7 +191,7 @@ pub fn waterfall_and_losses(
         }),
         release,
     );
-    Ok((delta.as_ref().map(WaterfallReport::from_snapshot), losses))
+    (delta.map(WaterfallReport::from_snapshot), losses)
 }
 
 /// The completion mode a phase's probes show: from `ib_uverbs_comp_handler`'s count.

@@ -110,7 +110,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     };
     // The processes' counts start with the window, next to the probes' baseline.
     let procs_before = workload::read_processes(session.bpf().ebpf())?;
-    let (window, probes, overhead) = {
+    let (window, probes, overhead, wf_window, procs_after) = {
         let mut src = WorkloadSource {
             session: &session,
             label: label.clone(),
@@ -122,9 +122,13 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         let before = src.base.phase_data().clone();
         drop(src);
         let after = session.finish()?;
+        // The waterfall and the processes end with the probe table, before the screen lingers:
+        // every count of the report covers one window.
+        let wf_window = super::report::waterfall_window(wf.as_ref().zip(wf_before.as_ref()))?;
+        let procs_after = workload::read_processes(session.bpf().ebpf())?;
         let data = delta(&after, &before);
         let probes = probe_reports(&session, &data, window.seconds);
-        (window, probes, overhead)
+        (window, probes, overhead, wf_window, procs_after)
     };
     let interrupted = if window.ended_by != "quit" && !window.interrupted() {
         live.linger("run finished").await?
@@ -138,7 +142,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         args.print(&out);
         eprint!("{err}");
     }
-    let processes = process_reports(&session, &target, &procs_before)?;
+    let processes = process_reports(&session, &target, procs_after, &procs_before);
     let timeline = super::timeline::finish(
         recorder,
         &super::timeline::traced_names(&session)?,
@@ -147,10 +151,10 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     )?;
     drop(session);
     let (waterfall, losses) = super::report::waterfall_and_losses(
-        wf.as_ref().zip(wf_before.as_ref()),
+        wf_window.as_ref(),
         &overhead,
         kernel.release().as_deref(),
-    )?;
+    );
     let waterfall_samples = wf
         .as_ref()
         .filter(|_| args.sample > 0)
@@ -243,9 +247,9 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
 fn process_reports(
     session: &Session,
     target: &Target,
+    procs: BTreeMap<u32, ProcessCounts>,
     before: &BTreeMap<u32, ProcessCounts>,
-) -> Result<Vec<ProcessReport>> {
-    let procs = workload::read_processes(session.bpf().ebpf())?;
+) -> Vec<ProcessReport> {
     let mut list: Vec<ProcessCounts> = procs
         .into_values()
         .map(|p| {
@@ -278,8 +282,7 @@ fn process_reports(
         .functions
         .iter()
         .position(|f| f.function == "ib_uverbs_comp_event_read");
-    Ok(list
-        .into_iter()
+    list.into_iter()
         .map(|p| ProcessReport {
             pid: p.pid,
             comm: if p.comm.is_empty() {
@@ -300,7 +303,7 @@ fn process_reports(
                 .filter_map(|(&s, &n)| Some((function(s)?, n)))
                 .collect(),
         })
-        .collect())
+        .collect()
 }
 
 fn render_processes(list: &[ProcessReport], target: &Target) -> String {
