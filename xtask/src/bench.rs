@@ -365,9 +365,10 @@ fn page(sections: &[Section], rounds: u32, elapsed: Duration) -> String {
          program runs once, in an order reversed every other round so that drift of the \
          machine hits all of them alike. Each run gives one figure (its median latency unless \
          the row says otherwise); the tables show the median of the {rounds} figures and their \
-         min/max, and ratios of those medians with a 95 % confidence interval (a paired \
-         percentile bootstrap over rounds): a verdict is met or MISSED only when the whole \
-         interval is on one side of the goal, else undecided. Release builds.",
+         min/max, and ratios as the median of the per-round ratios; each median has an exact \
+         95 % confidence interval from order statistics (none with fewer than 6 figures): a \
+         verdict is met or MISSED only when the whole interval is on one side of the goal, \
+         else undecided. Release builds.",
     );
     let _ = writeln!(out, "- whole run: {:.0} s\n", elapsed.as_secs_f64());
     out.push_str(

@@ -336,11 +336,11 @@ fn report(dir: &Path, rounds: u32) -> Section {
          alternating rounds. Ping-pong and WRITE/READ use {SIZE}-byte messages; {ITER_POLL} \
          iterations in polling mode, {ITER_EVENT} in event mode (a wake-up per completion is \
          slow under TCG), {ITER_ONE_SIDED} for the one-sided and atomic runs. Latencies in µs; \
-         ratio = median ours / median C over the rounds where both ran, with its 95 % \
-         confidence interval (paired percentile bootstrap over rounds, {resamples} resamples); \
-         target ≤ {TARGET}: met when the whole interval is at or below it, MISSED when the \
-         whole interval is above it, undecided when it spans it.\n",
-        resamples = stats::RESAMPLES
+         ratio = the median over the rounds where both ran of ours / C in that round, with \
+         its exact 95 % confidence interval (order statistics of the per-round ratios; fewer \
+         than {min_n} rounds give none); target ≤ {TARGET}: met when the whole interval is at \
+         or below it, MISSED when the whole interval is above it, undecided when it spans it.\n",
+        min_n = stats::MIN_N
     );
     md.push_str(&table(
         &[
@@ -473,7 +473,14 @@ mod tests {
                 rtt / 2.0
             )
         };
-        for (r, ours, c) in [(1, 100.0, 100.0), (2, 110.0, 100.0), (3, 90.0, 100.0)] {
+        for (r, ours, c) in [
+            (1, 100.0, 100.0),
+            (2, 110.0, 100.0),
+            (3, 90.0, 100.0),
+            (4, 105.0, 100.0),
+            (5, 95.0, 100.0),
+            (6, 100.0, 100.0),
+        ] {
             fs::write(dir.join(format!("r{r}-pp-poll-ours.json")), json(ours)).unwrap();
             fs::write(
                 dir.join(format!("r{r}-pp-poll-rc.out")),
@@ -486,14 +493,14 @@ mod tests {
             "round,name,client,server,wall_us\n1,pp-poll-ours,0,0,5\n2,at-cas,1,0,5\n",
         )
         .unwrap();
-        let s = report(&dir, 3);
+        let s = report(&dir, 6);
         let row = s
             .markdown
             .lines()
             .find(|l| l.contains("ping-pong poll: µs per iteration"))
             .unwrap();
         assert!(
-            row.contains("| 100.0 | 90.0–110.0 (n=3) | ibv_rc_pingpong | 100.0 |"),
+            row.contains("| 100.0 | 90.0–110.0 (n=6) | ibv_rc_pingpong | 100.0 |"),
             "{row}"
         );
         assert!(

@@ -1,22 +1,21 @@
 //! Confidence intervals and verdicts that noise cannot flip.
 //!
-//! Every ratio of the bench tables is a ratio of medians over rounds. Its 95 % confidence
-//! interval is a percentile bootstrap over rounds: the rounds are resampled with replacement
-//! (paired: a resampled round brings both of its figures, since both ran side by side in it and
-//! share its drift), the ratio of medians is computed for each resample, and the 2.5th and
-//! 97.5th percentiles of those ratios are the interval. A goal `≤ G` is then
+//! Every figure of the bench tables is a median over rounds, with an exact, distribution-free
+//! 95 % confidence interval from order statistics: for n figures sorted, `[x(j), x(n+1-j)]`
+//! holds the true median with probability `1 - 2·P(Binomial(n, 1/2) < j)`, and `j` is the
+//! largest rank that keeps this at 95 % or more ([`median_rank`]). With fewer than [`MIN_N`]
+//! figures no rank does: the interval is unbounded and the verdict undecided. A ratio is the
+//! median of the per-round ratios (paired: both figures of a round ran side by side in it and
+//! share its drift), with the same interval over those ratios. A goal `≤ G` is then
 //! - met when the whole interval is at or below G,
 //! - MISSED when the whole interval is above G,
 //! - undecided when the interval spans G: more rounds are needed to tell.
-//!
-//! The resampling is deterministic (a fixed-seed generator), so the same results give the same
-//! page.
 
-/// Bootstrap resamples per interval.
-pub const RESAMPLES: usize = 4000;
-/// Fewer paired figures than this give no interval (and so no verdict but "undecided").
-pub const MIN_N: usize = 3;
-const SEED: u64 = 0x5eed_0fb0_0007;
+/// The fewest figures for which an order-statistic interval of the median reaches 95 %
+/// (n = 6: `[x(1), x(6)]`, 96.9 %); fewer give an unbounded interval.
+pub const MIN_N: usize = 6;
+/// The coverage the intervals are built for.
+const COVERAGE: f64 = 0.95;
 
 /// A point estimate with its 95 % confidence interval.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -28,22 +27,28 @@ pub struct Estimate {
     pub n: usize,
 }
 
-/// splitmix64: small, fast, and good enough to draw resampling indices.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+/// `P(Binomial(n, 1/2) <= k)`, summed in log space (exact enough for any bench size).
+fn binomial_half_cdf(n: usize, k: usize) -> f64 {
+    let ln2 = std::f64::consts::LN_2;
+    let mut ln_choose = 0.0; // ln C(n, 0)
+    let mut sum = 0.0;
+    for i in 0..=k.min(n) {
+        if i > 0 {
+            ln_choose += ((n - i + 1) as f64).ln() - (i as f64).ln();
+        }
+        sum += (ln_choose - n as f64 * ln2).exp();
     }
+    sum.min(1.0)
+}
 
-    /// Uniform in `0..n` (n > 0; the modulo bias is negligible for n of a few dozen).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
+/// The largest 1-based rank `j` such that `[x(j), x(n+1-j)]` of n sorted figures covers the
+/// median with probability at least 95 %; `None` when even `[x(1), x(n)]` does not (n < 6).
+pub fn median_rank(n: usize) -> Option<usize> {
+    let alpha = (1.0 - COVERAGE) / 2.0;
+    // Coverage of rank j: 1 - 2·P(B <= j - 1).
+    (1..=n.div_ceil(2))
+        .take_while(|&j| binomial_half_cdf(n, j - 1) <= alpha)
+        .last()
 }
 
 /// The finite ones of `values`, sorted.
@@ -67,89 +72,29 @@ pub fn median_of_sorted(sorted: &[f64]) -> Option<f64> {
     })
 }
 
-/// The median of the finite ones of `values` (the mean of the middle two for an even count);
-/// `None` when there are none.
-pub fn median(values: &[f64]) -> Option<f64> {
-    median_of_sorted(&sorted_finite(values))
-}
-
-/// The `q`-quantile (0..=1) of sorted values, linear between neighbours.
-pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let pos = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
-    let (i, frac) = (pos.floor() as usize, pos.fract());
-    let a = sorted[i];
-    let b = sorted[(i + 1).min(sorted.len() - 1)];
-    Some(a + (b - a) * frac)
-}
-
-/// 2.5th and 97.5th percentiles of bootstrap statistics (non-finite ones dropped).
-fn interval(stats: &[f64]) -> Option<(f64, f64)> {
-    let stats = sorted_finite(stats);
-    Some((percentile(&stats, 0.025)?, percentile(&stats, 0.975)?))
-}
-
-/// `value` (the statistic of `sample`) with a bootstrap CI: `stat` over [`RESAMPLES`] resamples
-/// of `sample` drawn with replacement. With fewer than [`MIN_N`] items the interval is
-/// unbounded (−∞..∞).
-fn bootstrap<T: Copy>(
-    sample: &[T],
-    value: f64,
-    mut stat: impl FnMut(&[T]) -> f64,
-) -> Option<Estimate> {
-    let n = sample.len();
-    if n < MIN_N {
-        return Some(Estimate {
-            value,
-            lo: f64::NEG_INFINITY,
-            hi: f64::INFINITY,
-            n,
-        });
-    }
-    let mut rng = Rng(SEED);
-    let mut buf: Vec<T> = sample.to_vec();
-    let stats: Vec<f64> = (0..RESAMPLES)
-        .map(|_| {
-            for x in &mut buf {
-                *x = sample[rng.below(n)];
-            }
-            stat(&buf)
-        })
-        .collect();
-    let (lo, hi) = interval(&stats)?;
+/// The median of `values` with its order-statistic interval (see the module doc): unbounded
+/// with fewer than [`MIN_N`] finite figures; `None` without any.
+pub fn median_ci(values: &[f64]) -> Option<Estimate> {
+    let sorted = sorted_finite(values);
+    let n = sorted.len();
+    let value = median_of_sorted(&sorted)?;
+    let (lo, hi) = match median_rank(n) {
+        Some(j) => (sorted[j - 1], sorted[n - j]),
+        None => (f64::NEG_INFINITY, f64::INFINITY),
+    };
     Some(Estimate { value, lo, hi, n })
 }
 
-/// The median of one figure over rounds, with a bootstrap CI. `None` without figures; with
-/// fewer than [`MIN_N`] the interval is unbounded (−∞..∞).
-pub fn median_ci(values: &[f64]) -> Option<Estimate> {
-    let v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    let value = median(&v)?;
-    bootstrap(&v, value, |b| median(b).unwrap_or(f64::NAN))
-}
-
-/// `median(a) / median(b)` over the rounds where both have a figure (`pairs`: one `(a, b)` per
-/// round), with a paired bootstrap CI. `None` without a usable pair or when median(b) is 0.
+/// The median of the per-round ratios `a / b` over the rounds where both have a finite figure
+/// and `b` is not 0 (`pairs`: one `(a, b)` per round), with its order-statistic interval. `None`
+/// without a usable pair.
 pub fn ratio_ci(pairs: &[(f64, f64)]) -> Option<Estimate> {
-    let p: Vec<(f64, f64)> = pairs
+    let ratios: Vec<f64> = pairs
         .iter()
-        .copied()
-        .filter(|(a, b)| a.is_finite() && b.is_finite())
+        .filter(|(a, b)| a.is_finite() && b.is_finite() && *b != 0.0)
+        .map(|(a, b)| a / b)
         .collect();
-    let stat = |rows: &[(f64, f64)]| {
-        let (a, b): (Vec<f64>, Vec<f64>) = rows.iter().copied().unzip();
-        match (median(&a), median(&b)) {
-            (Some(a), Some(b)) if b != 0.0 => a / b,
-            _ => f64::NAN,
-        }
-    };
-    let value = stat(&p);
-    if !value.is_finite() {
-        return None;
-    }
-    bootstrap(&p, value, stat)
+    median_ci(&ratios)
 }
 
 /// Pairs of figures by round: rounds where both `a` and `b` have one.
@@ -210,59 +155,71 @@ mod tests {
     use super::*;
 
     #[test]
-    fn medians_and_percentiles() {
+    fn medians() {
+        let median = |v: &[f64]| median_of_sorted(&sorted_finite(v));
         assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(&[f64::NAN]), None);
-        let s = [0.0, 10.0, 20.0, 30.0, 40.0];
-        assert_eq!(percentile(&s, 0.0), Some(0.0));
-        assert_eq!(percentile(&s, 1.0), Some(40.0));
-        assert_eq!(percentile(&s, 0.5), Some(20.0));
-        assert_eq!(percentile(&s, 0.125), Some(5.0));
-        assert_eq!(percentile(&[], 0.5), None);
+    }
+
+    /// The truth: the binomial tables of the sign test (Conover, Practical Nonparametric
+    /// Statistics): the ranks of the 95 % interval of a median, and its coverage.
+    #[test]
+    fn ranks_and_coverage_follow_the_binomial_table() {
+        assert!((binomial_half_cdf(9, 1) - 10.0 / 512.0).abs() < 1e-12);
+        assert!((binomial_half_cdf(6, 0) - 1.0 / 64.0).abs() < 1e-12);
+        assert!((binomial_half_cdf(10, 10) - 1.0).abs() < 1e-12);
+        for (n, rank) in [
+            (3, None),
+            (5, None),
+            (6, Some(1)),
+            (8, Some(1)),
+            (9, Some(2)),
+            (10, Some(2)),
+            (12, Some(3)),
+            (20, Some(6)),
+            (45, Some(16)),
+        ] {
+            assert_eq!(median_rank(n), rank, "n = {n}");
+            if let Some(j) = rank {
+                let covered = 1.0 - 2.0 * binomial_half_cdf(n, j - 1);
+                let wider = 1.0 - 2.0 * binomial_half_cdf(n, j);
+                assert!(
+                    covered >= 0.95 && wider < 0.95,
+                    "n = {n}: {covered} {wider}"
+                );
+            }
+        }
     }
 
     #[test]
-    fn rng_is_deterministic_and_covers_the_range() {
-        let mut a = Rng(1);
-        let mut b = Rng(1);
-        let xs: Vec<usize> = (0..1000).map(|_| a.below(5)).collect();
-        let ys: Vec<usize> = (0..1000).map(|_| b.below(5)).collect();
-        assert_eq!(xs, ys);
-        for k in 0..5 {
-            let c = xs.iter().filter(|&&x| x == k).count();
-            assert!((150..250).contains(&c), "{k}: {c}");
-        }
+    fn the_interval_is_the_order_statistics_of_the_figures() {
+        let nine = [5.0, 1.0, 9.0, 3.0, 7.0, 2.0, 8.0, 4.0, 6.0];
+        let e = median_ci(&nine).unwrap();
+        assert_eq!((e.value, e.lo, e.hi, e.n), (5.0, 2.0, 8.0, 9));
+        // Ratios are per round: 8 rounds, one a clear outlier, one unusable.
+        let pairs = [
+            (110.0, 100.0),
+            (95.0, 100.0),
+            (130.0, 98.0),
+            (105.0, 100.0),
+            (99.0, 100.0),
+            (120.0, 100.0),
+            (101.0, 100.0),
+            (1.0, 0.0),
+        ];
+        let e = ratio_ci(&pairs).unwrap();
+        assert_eq!(e.n, 7);
+        assert!((e.value - 1.05).abs() < 1e-12, "{e:?}");
+        assert_eq!((e.lo, e.hi), (0.95, 130.0 / 98.0), "n = 7: [x(1), x(7)]");
     }
 
     #[test]
     fn constant_figures_give_a_point_interval() {
         let e = ratio_ci(&[(2.0, 1.0); 6]).unwrap();
         assert_eq!((e.value, e.lo, e.hi, e.n), (2.0, 2.0, 2.0, 6));
-        let m = median_ci(&[5.0; 4]).unwrap();
+        let m = median_ci(&[5.0; 6]).unwrap();
         assert_eq!((m.value, m.lo, m.hi), (5.0, 5.0, 5.0));
-    }
-
-    #[test]
-    fn interval_holds_the_estimate_and_lies_within_the_data() {
-        let pairs: Vec<(f64, f64)> = [
-            (110.0, 100.0),
-            (95.0, 100.0),
-            (130.0, 98.0),
-            (105.0, 102.0),
-            (99.0, 101.0),
-            (120.0, 97.0),
-            (101.0, 100.0),
-        ]
-        .to_vec();
-        let e = ratio_ci(&pairs).unwrap();
-        assert!((e.value - 105.0 / 100.0).abs() < 1e-12, "{e:?}");
-        assert!(e.lo <= e.value && e.value <= e.hi, "{e:?}");
-        // Every resampled ratio is a ratio of two of the figures: bounded by the extremes.
-        assert!(e.lo >= 95.0 / 102.0 && e.hi <= 130.0 / 97.0, "{e:?}");
-        assert!(e.hi > e.lo, "noisy figures give a real interval");
-        // Same input, same interval.
-        assert_eq!(ratio_ci(&pairs), Some(e));
     }
 
     #[test]
@@ -272,7 +229,7 @@ mod tests {
                 .map(|i| (100.0 + ((i * 37) % 11) as f64 * 3.0, 100.0))
                 .collect()
         };
-        let few = ratio_ci(&noisy(5)).unwrap();
+        let few = ratio_ci(&noisy(9)).unwrap();
         let many = ratio_ci(&noisy(45)).unwrap();
         assert!(many.hi - many.lo < few.hi - few.lo, "{few:?} vs {many:?}");
     }
@@ -283,10 +240,13 @@ mod tests {
         assert_eq!(e.n, 2);
         assert!(e.lo.is_infinite() && e.hi.is_infinite());
         assert_eq!(judge(Some(e), 10.0), Verdict::Undecided);
-        assert_eq!(verdict_text(Some(e), 10.0), "undecided (n < 3, goal ≤ 10)");
+        assert_eq!(verdict_text(Some(e), 10.0), "undecided (n < 6, goal ≤ 10)");
         assert_eq!(with_ci(Some(e), 2), "2.50 [n=2]");
+        // Five clearly slow rounds are still too few for a 95 % interval.
+        let five = ratio_ci(&[(3.0, 1.0); 5]).unwrap();
+        assert_eq!(judge(Some(five), 1.02), Verdict::Undecided);
         assert_eq!(ratio_ci(&[]), None);
-        assert_eq!(ratio_ci(&[(1.0, 0.0); 4]), None, "median of b is 0");
+        assert_eq!(ratio_ci(&[(1.0, 0.0); 4]), None, "no usable round");
         assert_eq!(median_ci(&[]), None);
         assert_eq!(
             paired(&[Some(1.0), None, Some(3.0)], &[Some(2.0), Some(5.0), None]),
@@ -301,7 +261,7 @@ mod tests {
                 value,
                 lo,
                 hi,
-                n: 5,
+                n: 9,
             })
         };
         assert_eq!(judge(e(1.0, 0.9, 1.02), 1.02), Verdict::Met);

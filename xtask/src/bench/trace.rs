@@ -483,12 +483,12 @@ fn report(dir: &Path, rounds: u32) -> Section {
          demo's median round trip per run (µs). BPF run-time statistics \
          (`kernel.bpf_stats_enabled=1`) are on in every run, as rdma-trace turns them on \
          itself; bpftrace 0.17 has no raw tracepoints, so C and D use the perf-event form of \
-         the same tracepoints (softirq_entry/exit, napi_poll). Every ratio is a ratio of \
-         medians over the rounds where both sides ran, with its 95 % confidence interval in \
-         brackets (paired percentile bootstrap over rounds, {} resamples); a goal is met when \
-         the whole interval is at or below it, MISSED when the whole interval is above it, \
-         undecided when the interval spans it.\n",
-        stats::RESAMPLES
+         the same tracepoints (softirq_entry/exit, napi_poll). Every ratio is the median, over \
+         the rounds where both sides ran, of the two sides' ratio in that round, with its exact \
+         95 % confidence interval in brackets (order statistics of the per-round ratios; fewer \
+         than {} rounds give none); a goal is met when the whole interval is at or below it, \
+         MISSED when the whole interval is above it, undecided when the interval spans it.\n",
+        stats::MIN_N
     );
     // Table 1: latency.
     let mut rows = Vec::new();
@@ -1022,7 +1022,7 @@ mod tests {
         let json = |rtt: f64| {
             format!(r#"{{"reports":[{{"role":"client","round_trip_us":{{"t_typical":{rtt}}}}}]}}"#)
         };
-        for r in 1..=4 {
+        for r in 1..=6 {
             let jitter = f64::from(r);
             for m in MODES {
                 // A 100, B 200, C 300, D 100 (+ jitter): B / D is clearly above 1.10.
@@ -1035,7 +1035,7 @@ mod tests {
                 }
             }
         }
-        let s = report(&dir, 4);
+        let s = report(&dir, 6);
         let md = &s.markdown;
         let goal = |what: &str| {
             md.lines()
