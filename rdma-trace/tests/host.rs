@@ -276,7 +276,7 @@ fn run_says_why_without_rdma_and_reports_with_it() {
 }
 
 #[test]
-fn run_without_privileges_asks_for_root() {
+fn run_without_privileges_names_what_is_missing() {
     // setpriv (util-linux) drops to nobody with no capabilities.
     let out = Command::new("setpriv")
         .args([
@@ -290,7 +290,12 @@ fn run_without_privileges_asks_for_root() {
         .output()
         .expect("run setpriv");
     let stderr = one_line_failure(&out, 3);
-    assert!(stderr.contains("needs root"), "{stderr}");
+    assert!(
+        stderr.contains("needs CAP_BPF and CAP_PERFMON")
+            && stderr.contains("it holds none of them")
+            && stderr.contains("sudo"),
+        "{stderr}"
+    );
 }
 
 // ---- rdma-trace export: Prometheus text format over HTTP

@@ -134,22 +134,93 @@ pub struct ProbeData {
 /// Root, or the capabilities eBPF tracing needs (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN).
 pub fn check_privileges() -> Result<()> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let eff = status
+    let effective = status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .unwrap_or(0);
-    let has = |cap: u32| eff & (1u64 << cap) != 0;
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
-        Ok(())
-    } else {
-        Err(anyhow!(Unsupported(
-            "rdma-trace run needs root (or CAP_BPF and CAP_PERFMON): run it with sudo".to_owned()
-        )))
+    let tracefs_denied = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .any(|root| {
+            std::fs::read_dir(root).is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
+        });
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|v| v.trim().parse().ok());
+    match missing_privilege(effective, tracefs_denied, paranoid) {
+        None => Ok(()),
+        Some(why) => Err(anyhow!(Unsupported(format!(
+            "run {why}: run it with sudo, or give it the capabilities of docs/install.md"
+        )))),
     }
+}
+
+/// Linux capability numbers (`linux/capability.h`).
+const CAPABILITIES: [(u32, &str); 5] = [
+    (2, "CAP_DAC_READ_SEARCH"),
+    (21, "CAP_SYS_ADMIN"),
+    (34, "CAP_SYSLOG"),
+    (38, "CAP_PERFMON"),
+    (39, "CAP_BPF"),
+];
+
+/// What keeps a process with `effective` capabilities (the `CapEff` mask) from tracing, in
+/// words; `None` when nothing does. Root (`CAP_SYS_ADMIN`) may do everything; otherwise
+/// `CAP_BPF` and `CAP_PERFMON` are needed, `CAP_DAC_READ_SEARCH` when tracefs is root-only
+/// here (`tracefs_denied`: the tracepoints' formats and ids are read there), and
+/// `kernel.perf_event_paranoid` at 2 or below: Debian's and Ubuntu's kernels refuse every
+/// `perf_event_open` (kprobes, tracepoints) without `CAP_SYS_ADMIN` above 2, whatever else the
+/// process holds.
+fn missing_privilege(
+    effective: u64,
+    tracefs_denied: bool,
+    paranoid: Option<i32>,
+) -> Option<String> {
+    let cap = |name: &str| {
+        CAPABILITIES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map_or(0, |(bit, _)| 1u64 << bit)
+    };
+    if effective & cap("CAP_SYS_ADMIN") != 0 {
+        return None;
+    }
+    let mut needed = vec!["CAP_BPF", "CAP_PERFMON"];
+    if tracefs_denied {
+        needed.push("CAP_DAC_READ_SEARCH");
+    }
+    let missing: Vec<&str> = needed
+        .into_iter()
+        .filter(|n| effective & cap(n) == 0)
+        .collect();
+    if missing.is_empty() {
+        return paranoid.filter(|&p| p > 2).map(|p| {
+            format!(
+                "needs CAP_SYS_ADMIN while kernel.perf_event_paranoid is {p} (above 2 this kernel \
+                 opens no perf event, kprobes included, for CAP_PERFMON alone); set it to 2 \
+                 (sysctl kernel.perf_event_paranoid=2)"
+            )
+        });
+    }
+    let held: Vec<&str> = CAPABILITIES
+        .iter()
+        .filter(|(bit, _)| effective & (1u64 << bit) != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    let tracefs = if missing.contains(&"CAP_DAC_READ_SEARCH") {
+        " (tracefs is root-only here)"
+    } else {
+        ""
+    };
+    Some(format!(
+        "needs {}{tracefs}; it holds {}",
+        missing.join(" and "),
+        if held.is_empty() {
+            "none of them".to_owned()
+        } else {
+            held.join(", ")
+        }
+    ))
 }
 
 /// What a feature above the loader sets in the object before it is loaded: globals and map
@@ -743,6 +814,45 @@ mod tests {
     use aya::{EbpfError, maps::MapError};
 
     use super::*;
+
+    /// The truth: the capability masks of `/proc/PID/status` (bits from `linux/capability.h`).
+    #[test]
+    fn a_missing_capability_is_named_with_those_held() {
+        let bits = |caps: &[u32]| caps.iter().fold(0u64, |m, c| m | 1 << c);
+        let (dac, admin, syslog, perfmon, bpf) = (2, 21, 34, 38, 39);
+        assert_eq!(
+            missing_privilege(bits(&[admin]), true, Some(3)),
+            None,
+            "root"
+        );
+        assert_eq!(
+            missing_privilege(bits(&[bpf, perfmon]), false, Some(2)),
+            None
+        );
+        assert_eq!(
+            missing_privilege(bits(&[bpf, perfmon, dac]), true, None),
+            None
+        );
+        // Debian's perf_event_paranoid 3: the capabilities are not enough.
+        let debian = missing_privilege(bits(&[bpf, perfmon, dac]), true, Some(3)).unwrap();
+        assert!(
+            debian.starts_with("needs CAP_SYS_ADMIN while kernel.perf_event_paranoid is 3")
+                && debian.ends_with("(sysctl kernel.perf_event_paranoid=2)"),
+            "{debian}"
+        );
+        assert_eq!(
+            missing_privilege(bits(&[bpf, dac, syslog]), true, Some(3)).unwrap(),
+            "needs CAP_PERFMON; it holds CAP_DAC_READ_SEARCH, CAP_SYSLOG, CAP_BPF"
+        );
+        assert_eq!(
+            missing_privilege(bits(&[bpf, perfmon]), true, Some(2)).unwrap(),
+            "needs CAP_DAC_READ_SEARCH (tracefs is root-only here); it holds CAP_PERFMON, CAP_BPF"
+        );
+        assert_eq!(
+            missing_privilege(0, false, Some(2)).unwrap(),
+            "needs CAP_BPF and CAP_PERFMON; it holds none of them"
+        );
+    }
 
     fn create_error(errno: i32) -> EbpfError {
         EbpfError::MapError(MapError::CreateError {

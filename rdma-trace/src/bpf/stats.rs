@@ -41,6 +41,11 @@ impl RunTimeStats {
                             _fd: None,
                             restore_sysctl: true,
                         },
+                        Err(w) if w.kind() == std::io::ErrorKind::PermissionDenied => {
+                            Self::unavailable(format!(
+                                "needs CAP_SYS_ADMIN ({syscall_err}; writing {SYSCTL}: {w})"
+                            ))
+                        }
                         Err(w) => {
                             Self::unavailable(format!("{syscall_err}; writing {SYSCTL}: {w}"))
                         }

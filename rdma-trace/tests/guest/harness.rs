@@ -55,6 +55,10 @@ impl Outcome {
 
 /// Runs `cmd` to its end (`Command::output`: stdout and stderr captured, stdin null unless
 /// `cmd` says otherwise).
+pub fn outcome_of(cmd: &mut Command) -> Outcome {
+    outcome(cmd, || Value::Null)
+}
+
 fn outcome(cmd: &mut Command, report: impl FnOnce() -> Value) -> Outcome {
     let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
     Outcome {
