@@ -6,8 +6,9 @@
 //! demo beside itself), the man pages and shell completions that the binaries generate,
 //! README.md, docs/install.md, and SHA256SUMS over all of them.
 //!
-//! The binaries are linked against glibc 2.28 with cargo-zigbuild (zig from PyPI's `ziglang`),
-//! so they run on Debian 10, RHEL 8, Ubuntu 20.04 and anything newer; xtask installs
+//! The binaries are linked against glibc 2.31 with cargo-zigbuild (zig from PyPI's `ziglang`),
+//! so they run on Debian 11, Ubuntu 20.04, RHEL 9 and anything newer (Rust's std calls `gettid`,
+//! glibc 2.30); xtask installs
 //! cargo-zigbuild with pip when it is missing. `--no-zig`, or no way to get it, builds with the
 //! host's toolchain, and the tarball then needs the host's glibc: either way the glibc the
 //! binaries need is read off them and printed. Only the build toolchain is ensured: no QEMU.
@@ -25,8 +26,8 @@ use crate::{
     util::{output, root, run_cmd, say, target_dir},
 };
 
-/// The glibc baseline of the zig build (RHEL 8, Debian 10 and later).
-pub const GLIBC_BASELINE: &str = "2.28";
+/// The glibc baseline of the zig build (Debian 11, Ubuntu 20.04, RHEL 9 and later).
+pub const GLIBC_BASELINE: &str = "2.31";
 const TRIPLE: &str = "x86_64-unknown-linux-gnu";
 pub const BINARIES: [&str; 2] = ["rdma-trace", "rdma-demo"];
 const SHELLS: [Shell; 3] = [Shell::Bash, Shell::Zsh, Shell::Fish];

@@ -142,6 +142,18 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
 
+    let tarball = "the release tarball in the 6.1 guest";
+    if args.skip_guest {
+        skip(&mut steps, tarball, "--skip-guest was given");
+    } else if let Some((_, Some(why))) = kernel_rows(&args.kernels)
+        .into_iter()
+        .find(|(k, _)| *k == vm::Kernel::V6_1)
+    {
+        skip(&mut steps, tarball, &why);
+    } else {
+        step(&mut steps, tarball, tarball_in_guest);
+    }
+
     if args.skip_guest {
         skip(&mut steps, "main job in tmux", "--skip-guest was given");
     } else {
@@ -809,6 +821,91 @@ fn enforce_test(kernel: vm::Kernel, exe: &std::path::Path) -> Result<Vec<String>
     Ok(summaries)
 }
 
+/// A host with a real NIC and no test bed, played by the 6.1 guest: `cargo xtask dist`'s
+/// tarball unpacked under /tmp, a PATH without the workspace's binaries, and from there
+/// `rdma-trace --version`, `probes` and `run -- ibv_rc_pingpong -e` (its server started beside
+/// it). The truth is the pair's own traffic: 200 iterations in event mode, which the client
+/// must be seen reading as completion events.
+fn tarball_in_guest() -> Result<Vec<String>> {
+    const ITERS: u64 = 200;
+    let tarball = crate::dist::run(&crate::dist::Args { no_zig: false })?;
+    let results = target_dir().join("vm-results").join("tarball-6.1");
+    let _ = std::fs::remove_dir_all(&results);
+    std::fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
+    let script = tarball_script(&tarball, &results, ITERS);
+    let end = vm::run_in_guest_to_end(&vm::GuestRun {
+        kernel: vm::Kernel::V6_1,
+        timeout: Duration::from_secs(600),
+        cmd: vec![script],
+        ..Default::default()
+    })?;
+    let read = |f: &str| std::fs::read_to_string(results.join(f)).unwrap_or_default();
+    if end.code != 0 {
+        bail!(
+            "the tarball's run failed in the guest (status {}): {}",
+            end.code,
+            read("run.txt").lines().last().unwrap_or("no output")
+        );
+    }
+    let version = read("version.txt");
+    if !version.contains("eBPF object") {
+        bail!("`rdma-trace --version` names no eBPF object build id: {version}");
+    }
+    if !read("probes.txt")
+        .lines()
+        .any(|l| l.starts_with("ib_uverbs_comp_handler") && l.contains("kprobe"))
+    {
+        bail!("`rdma-trace probes` from the tarball plans no kprobe on ib_uverbs_comp_handler");
+    }
+    let doc: serde_json::Value = serde_json::from_str(&read("run.json"))
+        .with_context(|| format!("the JSON report in {}", results.display()))?;
+    let phase = &doc["phases"][0];
+    let read_events: u64 = phase["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["comm"] == "ibv_rc_pingpong")
+        .filter_map(|p| p["completion_events_read"].as_u64())
+        .sum();
+    if phase["completion_mode"] != "completion events" || read_events < ITERS / 2 {
+        bail!(
+            "the tarball's rdma-trace saw {read_events} completion events read for {ITERS} \
+             event-mode iterations (completion mode {})",
+            phase["completion_mode"]
+        );
+    }
+    Ok(vec![format!(
+        "{}: run -- ibv_rc_pingpong -e read {read_events} completion events",
+        version.trim()
+    )])
+}
+
+/// The guest's script for [`tarball_in_guest`]: unpack `tarball`, write what it shows to `out`.
+fn tarball_script(tarball: &std::path::Path, out: &std::path::Path, iters: u64) -> String {
+    let q = |p: &std::path::Path| vm::shell_quote(&p.to_string_lossy());
+    format!(
+        r#"set -e
+# The guest's PATH starts with the workspace's binaries: drop them, as on a host without it.
+export PATH=${{PATH#*:}}
+! command -v rdma-trace > /dev/null || {{ echo "the test bed's rdma-trace is on PATH"; exit 98; }}
+d=/tmp/dist.$$; mkdir "$d"
+tar xzf {tarball} -C "$d"
+cd "$d"/rdma-trace-*
+sha256sum -c SHA256SUMS > /dev/null
+./rdma-trace --version > {out}/version.txt
+./rdma-trace probes > {out}/probes.txt
+g=$RXE_GID_INDEX
+timeout 180 ibv_rc_pingpong -d rxe1 -g $g -n {iters} -p 18790 -e > /dev/null & s=$!
+i=0; until grep -q ':{port:04X} 00000000:0000 0A' /proc/net/tcp; do i=$((i+1)); [ $i -gt 600 ] && exit 99; sleep 0.1; done
+./rdma-trace run --no-tui --json {out}/run.json -- timeout 180 ibv_rc_pingpong -d rxe0 -g $g -n {iters} -p 18790 -e 10.9.0.2 > {out}/run.txt 2>&1
+wait $s
+"#,
+        tarball = q(tarball),
+        out = q(out),
+        port = 18790,
+    )
+}
+
 /// The guest's test runner (sh). `suite EXE LOG RERUN_LOG` runs one test executable, its log
 /// streaming to the console (so a hang shows its test). A watchdog stops a runner in which no
 /// test has finished for `IDLE` seconds (a hung test), with the programs the tests spawn. When the
@@ -894,6 +991,26 @@ fn suite_outcome(first: &str, rerun: &str) -> SuiteOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The script run by hand in the 6.1 guest (it read 400 completion events): the braces of
+    /// the shell survive `format!`, the port is the one polled, and the workspace leaves PATH.
+    #[test]
+    fn the_tarball_script_is_plain_shell() {
+        let s = tarball_script(
+            std::path::Path::new("/w/target/dist/t.tar.gz"),
+            std::path::Path::new("/w/out"),
+            200,
+        );
+        assert!(s.contains("export PATH=${PATH#*:}\n"), "{s}");
+        assert!(s.contains("|| { echo "), "{s}");
+        assert!(
+            s.contains("grep -q ':4966 00000000:0000 0A'"),
+            "18790 in hex: {s}"
+        );
+        assert!(s.contains("tar xzf /w/target/dist/t.tar.gz -C"), "{s}");
+        assert!(s.contains("--json /w/out/run.json -- timeout 180 ibv_rc_pingpong -d rxe0"));
+        assert_eq!(s.matches("-n 200 -p 18790 -e").count(), 2, "{s}");
+    }
 
     #[test]
     fn a_suite_that_passes_when_run_again_names_those_tests() {
