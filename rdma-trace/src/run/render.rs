@@ -198,14 +198,13 @@ pub fn next_hints(phases: &[Phase], budget_percent: f64, detail: Detail) -> Stri
         };
         hints.extend(hint.map(str::to_owned));
     }
-    if last
-        .and_then(|p| p.overhead.tracing_adds.as_ref())
-        .is_some_and(|a| a.percent > budget_percent)
-    {
-        hints.push(format!(
-            "tracing is over the {budget_percent} % budget: --probes minimal keeps the completion \
-             handler and each driver's hand-off, --no-waterfall drops the waterfall"
-        ));
+    if let Some(p) = last.filter(|p| {
+        p.overhead
+            .tracing_adds
+            .as_ref()
+            .is_some_and(|a| a.percent > budget_percent)
+    }) {
+        hints.push(over_budget_hint(p, budget_percent));
     }
     if !detail.hist {
         hints.push(
@@ -214,6 +213,44 @@ pub fn next_hints(phases: &[Phase], budget_percent: f64, detail: Detail) -> Stri
         );
     }
     hints.iter().map(|h| format!("next: {h}\n")).collect()
+}
+
+/// What to drop when a phase is over the budget: only what this run attached. `--probes
+/// minimal` where rows beyond it were attached (on rxe the default has none: the hardware
+/// drivers' rows need their devices), `--no-waterfall` where the waterfall ran.
+fn over_budget_hint(phase: &Phase, budget_percent: f64) -> String {
+    use crate::kernel::probes::{PROBES, Preset, Role};
+    let beyond_minimal = phase
+        .probes
+        .iter()
+        .filter(|r| r.attach.is_some())
+        .filter(|r| {
+            PROBES
+                .iter()
+                .any(|d| d.name == r.name && d.preset > Preset::Minimal && d.role != Role::Reads)
+        })
+        .count();
+    let mut cuts = Vec::new();
+    if beyond_minimal > 0 {
+        cuts.push(format!(
+            "--probes minimal detaches {beyond_minimal} of its rows (it keeps the completion \
+             handler and each driver's hand-off)"
+        ));
+    }
+    if phase.waterfall.is_some() {
+        cuts.push("--no-waterfall drops the waterfall".to_owned());
+    }
+    if cuts.is_empty() {
+        format!(
+            "tracing is over the {budget_percent} % budget with the minimal rows alone and no \
+             waterfall: the hooks' own cost under this CPU (or emulation) is the floor"
+        )
+    } else {
+        format!(
+            "tracing is over the {budget_percent} % budget: {}",
+            cuts.join(", ")
+        )
+    }
 }
 
 /// The key of the largest stage (by share) of the process with the most events.
@@ -236,7 +273,7 @@ pub fn size_label(bytes: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{load::workload::Target, views::tui::app::tests::report};
+    use crate::{load::workload::Target, model::losses::Losses, views::tui::app::tests::report};
 
     /// The truth: three probes with known totals (count × 2 µs in the fixture) and two skipped
     /// rows; the kernel path must order them by total and leave the skipped rows to one line.
@@ -273,17 +310,14 @@ mod tests {
         );
     }
 
-    /// A phase that lost data says so on the line after its title, naming the counters; one
-    /// that lost nothing has no such line.
-    #[test]
-    fn a_phase_that_lost_data_says_so_first_and_one_that_did_not_says_nothing() {
+    /// A one-second phase of a command with `probes` and `losses`.
+    fn phase_of(probes: Vec<crate::model::report::ProbeReport>, losses: Losses) -> Phase {
         use crate::model::{
-            losses::Losses,
             overhead::{LoaderUsage, Overhead},
             window::Window,
         };
         let u = LoaderUsage::now();
-        let phase = |losses: Losses| Phase {
+        Phase {
             mode: None,
             window: Window {
                 seconds: 1.0,
@@ -292,13 +326,51 @@ mod tests {
             },
             completion_mode: "completion events",
             demo: None,
-            probes: vec![report("big", 1000, false)],
+            probes,
             processes: Vec::new(),
             overhead: Overhead::between("bpf_enable_stats", &[], &[], u, u),
             dropped: Vec::new(),
             waterfall: None,
             losses,
+        }
+    }
+
+    /// The hint names only what the run attached: on rxe the default preset has no row beyond
+    /// minimal, so `--probes minimal` would change nothing there.
+    #[test]
+    fn the_over_budget_hint_offers_only_what_would_detach_something() {
+        let rxe_default = || {
+            vec![
+                report("ib_uverbs_comp_handler", 100, false),
+                report("rxe_cq_post", 100, false),
+                report("mlx5_eq_comp_int", 0, true),
+                // A workload run's per-process reads: kept by every preset.
+                report("wakeup", 100, false),
+            ]
         };
+        let mut p = phase_of(rxe_default(), Losses::default());
+        let bare = over_budget_hint(&p, 5.0);
+        assert!(bare.contains("with the minimal rows alone"), "{bare}");
+        p.waterfall = Some(crate::waterfall::model::WaterfallReport::default());
+        let hint = over_budget_hint(&p, 5.0);
+        assert_eq!(
+            hint,
+            "tracing is over the 5 % budget: --no-waterfall drops the waterfall"
+        );
+        p.probes.push(report("rxe_rcv", 100, false));
+        let hint = over_budget_hint(&p, 5.0);
+        assert!(
+            hint.contains("--probes minimal detaches 1 of its rows")
+                && hint.ends_with("--no-waterfall drops the waterfall"),
+            "{hint}"
+        );
+    }
+
+    /// A phase that lost data says so on the line after its title, naming the counters; one
+    /// that lost nothing has no such line.
+    #[test]
+    fn a_phase_that_lost_data_says_so_first_and_one_that_did_not_says_nothing() {
+        let phase = |losses: Losses| phase_of(vec![report("big", 1000, false)], losses);
         let budget = Budget {
             percent: 5.0,
             enforce: false,
