@@ -13,7 +13,7 @@ use std::{
 use serde_json::Value;
 
 use harness::{
-    KillOnDrop, attached, demo_cq_events, demo_processes, find_by, loopback_pingpong, probe,
+    KillOnDrop, attached, count, demo_cq_events, demo_processes, find_by, loopback_pingpong, probe,
     rdma_trace, read_json, run_demo, run_json_with, signal, stderr_until, temp_json,
 };
 
@@ -201,12 +201,6 @@ fn funclat_poll_mode_never_calls_ib_uverbs_comp_handler() {
         net_rx_total() - before >= 500,
         "the ping-pong's packets did not cross NET_RX"
     );
-}
-
-fn count(phase: &Value, name: &str) -> u64 {
-    let p = probe(phase, name);
-    assert!(p["attach"].is_string(), "{name} not attached: {p}");
-    p["count"].as_u64().expect("count")
 }
 
 #[test]

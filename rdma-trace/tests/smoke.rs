@@ -18,7 +18,7 @@ mod harness;
 #[path = "guest/kill_on_drop.rs"]
 mod kill_on_drop;
 
-use harness::{demo_processes, kprobes_strict, probe, rdma_trace, run_demo, run_json};
+use harness::{count, demo_processes, kprobes_strict, rdma_trace, run_demo, run_json};
 
 /// The kernel has BTF for its modules (5.11 on): the waterfall can run.
 fn has_module_btf() -> bool {
@@ -51,12 +51,6 @@ fn assert_rows_explained(phase: &Value) {
             "{p}"
         );
     }
-}
-
-fn count(phase: &Value, name: &str) -> u64 {
-    let p = probe(phase, name);
-    assert!(p["attach"].is_string(), "{name} not attached: {p}");
-    p["count"].as_u64().expect("count")
 }
 
 #[test]

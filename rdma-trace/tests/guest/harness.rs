@@ -183,6 +183,13 @@ pub fn probe<'a>(report: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no probe {name} in {report}"))
 }
 
+/// The count of probe `name` of a phase, which must have attached.
+pub fn count(phase: &Value, name: &str) -> u64 {
+    let p = probe(phase, name);
+    assert!(p["attach"].is_string(), "{name} not attached: {p}");
+    p["count"].as_u64().expect("count")
+}
+
 /// The probes of a report or of one of its phases that attached (those with an `attach`).
 pub fn attached(report: &Value) -> impl Iterator<Item = &Value> {
     report["probes"]
