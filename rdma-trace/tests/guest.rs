@@ -13,8 +13,8 @@ use std::{
 use serde_json::Value;
 
 use harness::{
-    KillOnDrop, attached, demo_cq_events, find_by, loopback_pingpong, probe, rdma_trace, run_demo,
-    run_json_with, signal, stderr_until,
+    KillOnDrop, attached, count, demo_cq_events, demo_processes, find_by, loopback_pingpong, probe,
+    rdma_trace, read_json, run_demo, run_json_with, signal, stderr_until, temp_json,
 };
 
 const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
@@ -104,40 +104,10 @@ fn net_rx_total() -> u64 {
         .sum()
 }
 
-fn temp_json(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "rdma-trace-guest-{}-{name}.json",
-        std::process::id()
-    ))
-}
-
-fn read_json(path: &PathBuf) -> Value {
-    let v = serde_json::from_slice(&std::fs::read(path).expect("JSON report")).expect("valid JSON");
-    let _ = std::fs::remove_file(path);
-    v
-}
-
 /// Registered kprobes (perf and tracefs ones alike) and tracefs kprobe events. Panics when they
 /// cannot be read, rather than pass as none.
 fn kprobes_left() -> String {
-    hardening::kprobes_strict()
-}
-
-fn demo_processes() -> Vec<String> {
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(Result::ok)
-        // A zombie (killed, not yet reaped by the guest's init) runs nothing: not counted.
-        .filter(|e| {
-            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            !stat
-                .rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('Z'))
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
-        // Demo threads rename themselves rdma-demo:data / rdma-demo:done (phase markers).
-        .filter(|c| c.trim().starts_with("rdma-demo"))
-        .collect()
+    harness::kprobes_strict()
 }
 
 /// `ibv_rc_pingpong` between rxe1 (server) and rxe0 (client), the client under
@@ -233,12 +203,6 @@ fn funclat_poll_mode_never_calls_ib_uverbs_comp_handler() {
         net_rx_total() - before >= 500,
         "the ping-pong's packets did not cross NET_RX"
     );
-}
-
-fn count(phase: &Value, name: &str) -> u64 {
-    let p = probe(phase, name);
-    assert!(p["attach"].is_string(), "{name} not attached: {p}");
-    p["count"].as_u64().expect("count")
 }
 
 #[test]

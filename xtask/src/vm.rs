@@ -93,6 +93,9 @@ pub struct Args {
 /// The guest kernels.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Kernel {
+    /// Debian bullseye 5.10 (smoke suite only: rxe on tasklets, no module BTF).
+    #[value(name = "5.10")]
+    V5_10,
     /// Debian bookworm 6.1.
     #[default]
     #[value(name = "6.1")]
@@ -100,13 +103,18 @@ pub enum Kernel {
     /// Debian 6.12 (bookworm-backports).
     #[value(name = "6.12")]
     V6_12,
+    /// The newest 7.x Debian serves (trixie-backports; smoke suite only).
+    #[value(name = "7.x")]
+    V7,
 }
 
 impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
+            Kernel::V5_10 => "5.10",
             Kernel::V6_1 => "6.1",
             Kernel::V6_12 => "6.12",
+            Kernel::V7 => "7.x",
         }
     }
 }

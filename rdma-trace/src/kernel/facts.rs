@@ -105,11 +105,17 @@ impl Kernel {
         self.path("/sys/kernel/btf/vmlinux").is_file()
     }
 
-    /// Value of a build option from `/boot/config-<release>` (`y`, `m`, or `None` when unset
-    /// or when the file is missing).
+    /// Value of a build option from `/boot/config-<release>`, or `/lib/modules/<release>/config`
+    /// where Debian's split kernel packages (6.17 on) put it (`y`, `m`, or `None` when unset or
+    /// when neither file is there).
     pub fn config(&self, option: &str) -> Option<String> {
-        let text =
-            fs::read_to_string(self.path(&format!("/boot/config-{}", self.release()?))).ok()?;
+        let release = self.release()?;
+        let text = [
+            format!("/boot/config-{release}"),
+            format!("/lib/modules/{release}/config"),
+        ]
+        .iter()
+        .find_map(|p| fs::read_to_string(self.path(p)).ok())?;
         let prefix = format!("{option}=");
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
@@ -331,6 +337,20 @@ mod tests {
                 .join("tests/fixtures")
                 .join(name),
         )
+    }
+
+    #[test]
+    fn config_of_a_split_kernel_package() {
+        let dir = std::env::temp_dir().join(format!("facts-split-{}", std::process::id()));
+        let modules = dir.join("lib/modules/7.3.4+deb13-amd64");
+        fs::create_dir_all(&modules).unwrap();
+        fs::create_dir_all(dir.join("proc/sys/kernel")).unwrap();
+        fs::write(dir.join("proc/sys/kernel/osrelease"), "7.3.4+deb13-amd64\n").unwrap();
+        fs::write(modules.join("config"), "CONFIG_KPROBES=y\n").unwrap();
+        let k = Kernel::at(dir.clone());
+        assert_eq!(k.config("CONFIG_KPROBES").as_deref(), Some("y"));
+        assert_eq!(k.config("CONFIG_RDMA_RXE"), None);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

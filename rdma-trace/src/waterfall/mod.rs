@@ -56,17 +56,43 @@ fn btf_offsets(root: &Path) -> Result<(u32, u32)> {
     let private = base
         .member_offset("file", "private_data")
         .context("vmlinux BTF")?;
-    let module = std::fs::read(dir.join("ib_uverbs")).map_err(|e| {
-        anyhow!(Unsupported(format!(
-            "the waterfall needs ib_uverbs' BTF ({}: {e}): is ib_uverbs loaded?",
-            dir.join("ib_uverbs").display()
-        )))
-    })?;
+    let module = std::fs::read(dir.join("ib_uverbs"))
+        .map_err(|e| anyhow!(Unsupported(missing_module_btf(root, &dir, &e))))?;
     let split = Btf::parse(&module, Some(base)).context("parsing ib_uverbs BTF")?;
     let ev_queue = split
         .member_offset("ib_uverbs_completion_event_file", "ev_queue")
         .context("ib_uverbs BTF")?;
     Ok((private, ev_queue))
+}
+
+/// Why ib_uverbs' BTF (`dir/ib_uverbs`) could not be read (`e`): the module is not loaded, or the
+/// kernel has no module BTF at all (CONFIG_DEBUG_INFO_BTF_MODULES came in Linux 5.11: 5.10 has
+/// only vmlinux's), or something else.
+fn missing_module_btf(root: &Path, dir: &Path, e: &std::io::Error) -> String {
+    let path = dir.join("ib_uverbs");
+    if !root.join("sys/module/ib_uverbs").exists() {
+        return format!(
+            "the waterfall needs ib_uverbs' BTF ({}: {e}): ib_uverbs is not loaded",
+            path.display()
+        );
+    }
+    let any_module_btf = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|d| d.ok())
+                .any(|d| d.file_name() != "vmlinux")
+        })
+        .unwrap_or(false);
+    if !any_module_btf {
+        return format!(
+            "the waterfall needs ib_uverbs' BTF, and this kernel has no module BTF (only {}; \
+             CONFIG_DEBUG_INFO_BTF_MODULES, Linux 5.11 on)",
+            dir.join("vmlinux").display()
+        );
+    }
+    format!(
+        "the waterfall needs ib_uverbs' BTF ({}: {e}): ib_uverbs is loaded but has none (built without BTF?)",
+        path.display()
+    )
 }
 
 /// What the loader attached (for the attach table).
@@ -653,6 +679,25 @@ pub struct WaterfallView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_module_btf_names_the_reason() {
+        let root = std::env::temp_dir().join(format!("wf-btf-{}", std::process::id()));
+        let dir = root.join("sys/kernel/btf");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("vmlinux"), b"").unwrap();
+        let e = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(missing_module_btf(&root, &dir, &e).contains("ib_uverbs is not loaded"));
+        std::fs::create_dir_all(root.join("sys/module/ib_uverbs")).unwrap();
+        let why = missing_module_btf(&root, &dir, &e);
+        assert!(
+            why.contains("no module BTF") && why.contains("5.11"),
+            "{why}"
+        );
+        std::fs::write(dir.join("ib_core"), b"").unwrap();
+        assert!(missing_module_btf(&root, &dir, &e).contains("loaded but has none"));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn mlx5_completion_irqs_are_the_comp_vectors_not_the_async_one() {

@@ -16,24 +16,7 @@ use super::{
     try_wait_timeout,
 };
 
-const KPROBE_LIST: &str = "/sys/kernel/debug/kprobes/list";
-
-/// Every registered kprobe, from debugfs (mounted here if it is not yet). Panics when the list
-/// cannot be read: an unreadable list must not pass as an empty one.
-pub fn kprobes_strict() -> String {
-    if !Path::new(KPROBE_LIST).exists() {
-        let _ = Command::new("mount")
-            .args(["-t", "debugfs", "debugfs", "/sys/kernel/debug"])
-            .status();
-    }
-    let list = std::fs::read_to_string(KPROBE_LIST)
-        .unwrap_or_else(|e| panic!("cannot read {KPROBE_LIST} ({e}): the kprobe check cannot run"));
-    // Kprobe events made through tracefs (the legacy attach path) are listed there as well.
-    let events = std::fs::read_to_string("/sys/kernel/tracing/kprobe_events")
-        .or_else(|_| std::fs::read_to_string("/sys/kernel/debug/tracing/kprobe_events"))
-        .unwrap_or_else(|e| panic!("cannot read kprobe_events ({e})"));
-    list + &events
-}
+pub use super::harness::kprobes_strict;
 
 /// (id, name) of every BPF program loaded in the kernel (BPF_PROG_GET_NEXT_ID through aya).
 /// Panics when the kernel does not let us list them.

@@ -1,16 +1,71 @@
 //! The guest tests' small harness: rdma-trace run to its end (with or without a JSON report,
 //! the demo run under it), an entry of a report's list found by a field (a probe by name), the
 //! attached probes, rdma-trace's stderr read until it says it has started, the loopback
-//! ping-pong used as load, and children killed when a test fails.
+//! ping-pong used as load, children killed when a test fails, and what a test checks was left
+//! behind (kprobes, demo processes). Shared by the guest suite (`tests/guest.rs`) and the smoke
+//! suite of the other kernels (`tests/smoke.rs`).
 
 use std::{
     io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
     process::{Child, ChildStderr, Command, ExitStatus, Stdio},
 };
 
 use serde_json::Value;
 
-use super::{RDMA_TRACE, read_json, temp_json};
+use super::RDMA_TRACE;
+
+/// A JSON report's path in the temporary folder, unique to this process and `name`.
+pub fn temp_json(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "rdma-trace-guest-{}-{name}.json",
+        std::process::id()
+    ))
+}
+
+/// The JSON document at `path`, which is then removed.
+pub fn read_json(path: &PathBuf) -> Value {
+    let v = serde_json::from_slice(&std::fs::read(path).expect("JSON report")).expect("valid JSON");
+    let _ = std::fs::remove_file(path);
+    v
+}
+
+const KPROBE_LIST: &str = "/sys/kernel/debug/kprobes/list";
+
+/// Every registered kprobe, from debugfs (mounted here if it is not yet). Panics when the list
+/// cannot be read: an unreadable list must not pass as an empty one.
+pub fn kprobes_strict() -> String {
+    if !Path::new(KPROBE_LIST).exists() {
+        let _ = Command::new("mount")
+            .args(["-t", "debugfs", "debugfs", "/sys/kernel/debug"])
+            .status();
+    }
+    let list = std::fs::read_to_string(KPROBE_LIST)
+        .unwrap_or_else(|e| panic!("cannot read {KPROBE_LIST} ({e}): the kprobe check cannot run"));
+    // Kprobe events made through tracefs (the legacy attach path) are listed there as well.
+    let events = std::fs::read_to_string("/sys/kernel/tracing/kprobe_events")
+        .or_else(|_| std::fs::read_to_string("/sys/kernel/debug/tracing/kprobe_events"))
+        .unwrap_or_else(|e| panic!("cannot read kprobe_events ({e})"));
+    list + &events
+}
+
+/// The running processes named rdma-demo (or rdma-demo:PHASE, as its threads rename themselves).
+pub fn demo_processes() -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(Result::ok)
+        // A zombie (killed, not yet reaped by the guest's init) runs nothing: not counted.
+        .filter(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            !stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'))
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+        // Demo threads rename themselves rdma-demo:data / rdma-demo:done (phase markers).
+        .filter(|c| c.trim().starts_with("rdma-demo"))
+        .collect()
+}
 
 /// What a finished command left: its status, its output, and its JSON report (`Null` when it
 /// wrote none or was not asked to).
@@ -130,6 +185,13 @@ where
 pub fn probe<'a>(report: &'a Value, name: &str) -> &'a Value {
     find_by(report["probes"].as_array().expect("probes"), "name", name)
         .unwrap_or_else(|| panic!("no probe {name} in {report}"))
+}
+
+/// The count of probe `name` of a phase, which must have attached.
+pub fn count(phase: &Value, name: &str) -> u64 {
+    let p = probe(phase, name);
+    assert!(p["attach"].is_string(), "{name} not attached: {p}");
+    p["count"].as_u64().expect("count")
 }
 
 /// The probes of a report or of one of its phases that attached (those with an `attach`).

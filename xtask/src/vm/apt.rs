@@ -1,6 +1,6 @@
 //! Downloading Debian packages with `apt-get download`: from the host's own lists, or from a private
-//! sources list + lists folder in the cache (bookworm-backports). The host's apt configuration is
-//! only ever read, never changed.
+//! sources list + lists folder in the cache (bookworm-backports, bullseye, trixie-backports). The
+//! host's apt configuration is only ever read, never changed.
 
 use std::{
     fs,
@@ -36,8 +36,8 @@ impl Apt {
         Apt { private: None }
     }
 
-    /// The private bookworm-backports list in `dir` (created, and `apt-get update`d, on demand).
-    pub fn private(dir: &Path) -> Result<Self> {
+    /// The private list of `suite` in `dir` (created, and `apt-get update`d, on demand).
+    pub fn private(dir: &Path, suite: &str) -> Result<Self> {
         let mirror = system_mirror();
         let apt = Apt {
             private: Some(dir.to_path_buf()),
@@ -53,14 +53,12 @@ impl Apt {
         let list = format!(
             "# Written by cargo xtask vm; used only with apt-get -o Dir::Etc::SourceList=...\n\
              deb {opts}{} {} main\n",
-            mirror.uri,
-            packages::BACKPORTS_SUITE
+            mirror.uri, suite
         );
         fs::write(dir.join("sources.list"), list).context("writing the private sources.list")?;
         say(format!(
             "apt-get update of a private list: {} {}",
-            mirror.uri,
-            packages::BACKPORTS_SUITE
+            mirror.uri, suite
         ));
         output(apt.cmd("apt-get").args(["-q", "update"]))
             .context("apt-get update of the private list")?;
@@ -70,7 +68,11 @@ impl Apt {
     fn for_origin(origin: Origin, cache: &Path) -> Result<Self> {
         match origin {
             Origin::System => Ok(Apt::system()),
-            Origin::Backports => Apt::private(&cache.join("apt")),
+            // bookworm-backports keeps the folder it had before other suites came.
+            Origin::Suite("bookworm-backports") => {
+                Apt::private(&cache.join("apt"), "bookworm-backports")
+            }
+            Origin::Suite(suite) => Apt::private(&cache.join(format!("apt-{suite}")), suite),
         }
     }
 
@@ -153,14 +155,19 @@ pub fn fetch_kernel(pkg: &KernelPackage, cache: &Path, debs: &Path) -> Result<St
             );
         };
         say(format!(
-            "NOTE: pinned kernel package {} is gone from the archive; using the newest of its series, {newest}",
+            "NOTE: pinned kernel package {} is gone from the archive; falling back to the newest of its series, {newest}",
             pkg.pinned
         ));
         newest
     };
-    say(format!("downloading {name}"));
+    say(format!("kernel package: {name} (downloading)"));
     apt.download(debs, &[&name])?;
     Ok(name)
+}
+
+/// Downloads the parts of a split kernel package (`names`) from the suite of `pkg` into `debs`.
+pub fn fetch_parts(pkg: &KernelPackage, cache: &Path, debs: &Path, names: &[&str]) -> Result<()> {
+    Apt::for_origin(pkg.origin, cache)?.download(debs, names)
 }
 
 /// The host's bookworm mirror (and its key), from its deb822 or one-line sources; Debian's

@@ -77,22 +77,23 @@ pub fn prepare(kernel: Kernel, bench: bool) -> Result<Base> {
     let v = variant(bench);
     let b = format!("{v}-l{LOGIC_VERSION}");
 
-    let kernel_deb = kernel_deb(kernel, &cache, &debs, &kdir)?;
+    let kernel_debs = kernel_debs(kernel, &cache, &debs, &kdir)?;
     let user_debs = userland_debs(&debs, &userland_packages(bench))?;
 
-    let mut stamp_input = vec![
-        format!("logic {LOGIC_VERSION}"),
-        INIT.to_owned(),
-        file_name(&kernel_deb),
-    ];
+    let mut stamp_input = vec![format!("logic {LOGIC_VERSION}"), INIT.to_owned()];
+    stamp_input.extend(kernel_debs.iter().map(|d| file_name(d)));
     stamp_input.extend(user_debs.iter().map(|d| file_name(d)));
-    stamp_input.extend(packages::MODULE_ROOTS.iter().map(|s| s.to_string()));
+    stamp_input.extend(packages::module_roots(kernel).iter().map(|s| s.to_string()));
     stamp_input.extend(
         packages::DRIVER_MODULES
             .iter()
             .map(|s| format!("driver {s}")),
     );
-    stamp_input.extend(packages::REQUIRED_CONFIG.iter().map(|s| s.to_string()));
+    stamp_input.extend(
+        packages::required_config(kernel)
+            .iter()
+            .map(|s| s.to_string()),
+    );
     let stamp = stamp_of(&stamp_input);
 
     let base = Base {
@@ -112,13 +113,49 @@ pub fn prepare(kernel: Kernel, bench: bool) -> Result<Base> {
     }
 
     let userland = extract_userland(&cache, &user_debs, v)?;
-    let base = build_base(kernel, &kernel_deb, &userland, &kdir, &b)?;
+    let base = build_base(kernel, &kernel_debs, &userland, &kdir, &b)?;
     fs::write(kdir.join(format!("base{b}.stamp")), stamp)
         .context("writing the base image stamp")?;
     Ok(base)
 }
 
-/// The kernel .deb: the pinned package if cached, else the one chosen earlier for this pin, else
+/// The kernel's .debs: the image package ([`kernel_deb`]), then the parts it depends on when
+/// Debian splits the kernel (since 6.17: linux-base-, linux-binary-, linux-modules-<abi>), each
+/// downloaded from the image's suite when not cached.
+fn kernel_debs(kernel: Kernel, cache: &Path, debs: &Path, kdir: &Path) -> Result<Vec<PathBuf>> {
+    let image = kernel_deb(kernel, cache, debs, kdir)?;
+    let depends = output(
+        Command::new("dpkg-deb")
+            .arg("-f")
+            .arg(&image)
+            .arg("Depends"),
+    )
+    .with_context(|| format!("reading the Depends of {}", image.display()))?;
+    let name = file_name(&image);
+    let name = name.split('_').next().unwrap_or_default();
+    let parts = packages::kernel_parts(name, &depends);
+    let missing: Vec<&str> = parts
+        .iter()
+        .map(String::as_str)
+        .filter(|p| find_deb(debs, p).is_none())
+        .collect();
+    if !missing.is_empty() {
+        say(format!("kernel parts: {} (downloading)", missing.join(" ")));
+        apt::fetch_parts(&packages::kernel_package(kernel), cache, debs, &missing)?;
+    }
+    let mut all = vec![image];
+    for p in &parts {
+        all.push(find_deb(debs, p).with_context(|| {
+            format!(
+                "{p}_*.deb not found in {} after apt-get download",
+                debs.display()
+            )
+        })?);
+    }
+    Ok(all)
+}
+
+/// The kernel image .deb: the pinned package if cached, else the one chosen earlier for this pin, else
 /// fetched now (the pin, or the newest of its series when Debian has retired it).
 fn kernel_deb(kernel: Kernel, cache: &Path, debs: &Path, kdir: &Path) -> Result<PathBuf> {
     let pkg = packages::kernel_package(kernel);
@@ -235,11 +272,11 @@ fn remove_dir(dir: &Path) -> Result<()> {
     }
 }
 
-/// Builds `<kdir>/base.cpio`, `kernel`, `kver` and `base.libs` from the kernel package and the
-/// unpacked userland. The unpacked kernel is deleted afterwards (only the .deb is kept).
+/// Builds `<kdir>/base.cpio`, `kernel`, `kver` and `base.libs` from the kernel's packages and the
+/// unpacked userland. The unpacked kernel is deleted afterwards (only the .debs are kept).
 fn build_base(
     kernel: Kernel,
-    deb: &Path,
+    debs: &[PathBuf],
     userland: &Path,
     kdir: &Path,
     variant: &str,
@@ -247,32 +284,66 @@ fn build_base(
     say(format!(
         "building the base initramfs for kernel {} ({})",
         kernel.name(),
-        file_name(deb)
+        debs.iter()
+            .map(|d| file_name(d))
+            .collect::<Vec<_>>()
+            .join(", ")
     ));
     let kroot = kdir.join("unpacked");
     remove_dir(&kroot)?;
-    dpkg_extract(deb, &kroot)?;
-    let result = build_base_from(&kroot, userland, kdir, variant);
+    for deb in debs {
+        dpkg_extract(deb, &kroot)?;
+    }
+    let result = build_base_from(kernel, &kroot, userland, kdir, variant);
     remove_dir(&kroot)?;
     result
 }
 
-fn build_base_from(kroot: &Path, userland: &Path, kdir: &Path, variant: &str) -> Result<Base> {
-    // The kernel and its configuration.
+/// The kernel release, image and configuration in an unpacked kernel package: `boot/vmlinuz-<kver>`
+/// and `boot/config-<kver>`, or (split packages, since 6.17) `usr/lib/modules/<kver>/vmlinuz` and
+/// `config`.
+fn kernel_files(kroot: &Path) -> Result<(String, PathBuf, PathBuf)> {
     let boot = kroot.join("boot");
-    let kver = fs::read_dir(&boot)
-        .with_context(|| format!("reading {}", boot.display()))?
-        .filter_map(|e| e.ok())
-        .find_map(|e| {
+    if let Ok(rd) = fs::read_dir(&boot) {
+        let kver = rd.filter_map(|e| e.ok()).find_map(|e| {
             e.file_name()
                 .to_str()?
                 .strip_prefix("vmlinuz-")
                 .map(str::to_owned)
-        })
-        .context("no boot/vmlinuz-* in the kernel package")?;
-    let config = fs::read_to_string(boot.join(format!("config-{kver}")))
-        .with_context(|| format!("reading boot/config-{kver} of the kernel package"))?;
-    check_config(&config).with_context(|| format!("kernel {kver} does not fit"))?;
+        });
+        if let Some(kver) = kver {
+            let (vmlinuz, config) = (format!("vmlinuz-{kver}"), format!("config-{kver}"));
+            return Ok((kver, boot.join(vmlinuz), boot.join(config)));
+        }
+    }
+    for dir in ["usr/lib/modules", "lib/modules"] {
+        let Ok(rd) = fs::read_dir(kroot.join(dir)) else {
+            continue;
+        };
+        for e in rd.filter_map(|e| e.ok()) {
+            let p = e.path();
+            if p.join("vmlinuz").is_file() {
+                let kver = e.file_name().to_string_lossy().into_owned();
+                return Ok((kver, p.join("vmlinuz"), p.join("config")));
+            }
+        }
+    }
+    bail!("no boot/vmlinuz-* nor usr/lib/modules/*/vmlinuz in the kernel package")
+}
+
+fn build_base_from(
+    kernel: Kernel,
+    kroot: &Path,
+    userland: &Path,
+    kdir: &Path,
+    variant: &str,
+) -> Result<Base> {
+    // The kernel and its configuration.
+    let (kver, vmlinuz, config_path) = kernel_files(kroot)?;
+    let config = fs::read_to_string(&config_path)
+        .with_context(|| format!("reading {} of the kernel package", config_path.display()))?;
+    check_config(&config, &packages::required_config(kernel))
+        .with_context(|| format!("kernel {kver} does not fit"))?;
     let mut tree = Tree::default();
 
     // Userland, merged-/usr style, and host libraries it lacks.
@@ -303,7 +374,7 @@ fn build_base_from(kroot: &Path, userland: &Path, kdir: &Path, variant: &str) ->
         .map(|d| kroot.join(d).join(&kver))
         .find(|d| d.is_dir())
         .context("no lib/modules/<version> in the kernel package")?;
-    let (order, drivers, images) = modules(&moddir)?;
+    let (order, drivers, images) = modules(kernel, &moddir)?;
     for (root, list) in drivers {
         tree.add(
             &format!("usr/lib/modules/drivers/{root}.list"),
@@ -354,11 +425,13 @@ fn build_base_from(kroot: &Path, userland: &Path, kdir: &Path, variant: &str) ->
             b"passwd: files\ngroup: files\nhosts: files\n".to_vec(),
         ),
     );
-    // The kernel's configuration, where rdma-trace looks for it (CONFIG_KPROBES, ...).
-    tree.add(
-        &format!("boot/config-{kver}"),
-        Node::data(0o644, config.clone().into_bytes()),
-    );
+    // The kernel's configuration, where its package put it and rdma-trace looks for it
+    // (CONFIG_KPROBES, ...): /boot, or beside the modules (split packages).
+    let config_at = match config_path.strip_prefix(kroot) {
+        Ok(rel) if !rel.starts_with("boot") => rel.to_string_lossy().into_owned(),
+        _ => format!("boot/config-{kver}"),
+    };
+    tree.add(&config_at, Node::data(0o644, config.clone().into_bytes()));
     tree.add(
         "etc/kver",
         Node::data(0o644, format!("{kver}\n").into_bytes()),
@@ -374,12 +447,7 @@ fn build_base_from(kroot: &Path, userland: &Path, kdir: &Path, variant: &str) ->
         kver: kver.clone(),
     };
     fs::rename(&tmp, &base.cpio).context("installing base.cpio")?;
-    write_kernel(
-        &boot.join(format!("vmlinuz-{kver}")),
-        &config,
-        kdir,
-        &base.kernel,
-    )?;
+    write_kernel(&vmlinuz, &config, kdir, &base.kernel)?;
     fs::write(kdir.join("kver"), &kver)?;
     let mut libs: Vec<&str> = base.libs.iter().map(String::as_str).collect();
     libs.sort_unstable();
@@ -423,9 +491,9 @@ fn write_kernel(vmlinuz: &Path, config: &str, kdir: &Path, dest: &Path) -> Resul
 }
 
 /// Errors naming every required option the kernel config lacks.
-fn check_config(config: &str) -> Result<()> {
+fn check_config(config: &str, required: &[&str]) -> Result<()> {
     let have: HashSet<&str> = config.lines().map(str::trim).collect();
-    let missing: Vec<&str> = packages::REQUIRED_CONFIG
+    let missing: Vec<&str> = required
         .iter()
         .copied()
         .filter(|o| !have.contains(o))
@@ -443,7 +511,7 @@ type DriverLists = Vec<(String, Vec<String>)>;
 
 /// The load order of the module roots and their dependencies, the load order of each driver
 /// root the package has (`packages::DRIVER_MODULES`), and each module's (decompressed) image.
-fn modules(moddir: &Path) -> Result<(Vec<String>, DriverLists, ModuleImages)> {
+fn modules(kernel: Kernel, moddir: &Path) -> Result<(Vec<String>, DriverLists, ModuleImages)> {
     let mut files: HashMap<String, PathBuf> = HashMap::new();
     walk_files(&moddir.join("kernel"), &mut |p| {
         if let Some(name) = p
@@ -472,7 +540,7 @@ fn modules(moddir: &Path) -> Result<(Vec<String>, DriverLists, ModuleImages)> {
         images.insert(name.to_owned(), data);
         Ok(Some(deps))
     };
-    let order = kmod::load_order(packages::MODULE_ROOTS, &mut deps_of)?;
+    let order = kmod::load_order(&packages::module_roots(kernel), &mut deps_of)?;
     let mut drivers = Vec::new();
     for root in packages::DRIVER_MODULES {
         if files.contains_key(*root) {
@@ -848,9 +916,11 @@ mod tests {
     #[test]
     fn config_check_names_what_is_missing() {
         let ok = packages::REQUIRED_CONFIG.join("\n");
-        assert!(check_config(&ok).is_ok());
+        assert!(check_config(&ok, packages::REQUIRED_CONFIG).is_ok());
         let bad = ok.replace("CONFIG_RDMA_RXE=m", "# CONFIG_RDMA_RXE is not set");
-        let err = check_config(&bad).unwrap_err().to_string();
+        let err = check_config(&bad, packages::REQUIRED_CONFIG)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("CONFIG_RDMA_RXE=m"), "{err}");
     }
 

@@ -8,12 +8,14 @@ use super::Kernel;
 pub enum Origin {
     /// The host's own apt lists (bookworm, bookworm-security).
     System,
-    /// A private apt sources list inside the cache (bookworm-backports of the host's mirror).
-    Backports,
+    /// A private apt sources list inside the cache: this suite (bookworm-backports, bullseye,
+    /// trixie-backports) of the host's Debian mirror.
+    Suite(&'static str),
 }
 
-/// A Debian kernel package: the pinned name, and the pattern `<prefix><N><suffix>` (N a number) that
-/// newer ABI packages of the same series follow, for when Debian has retired the pinned one.
+/// A Debian kernel package: the pinned name, and the pattern `<prefix><N><suffix>` (N a number, or
+/// dot-separated numbers such as `3.4`) that newer ABI packages of the same series follow, for when
+/// Debian has retired the pinned one.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelPackage {
     pub pinned: &'static str,
@@ -25,6 +27,12 @@ pub struct KernelPackage {
 /// The kernel package for each guest kernel.
 pub fn kernel_package(kernel: Kernel) -> KernelPackage {
     match kernel {
+        Kernel::V5_10 => KernelPackage {
+            pinned: "linux-image-5.10.0-32-amd64-unsigned",
+            prefix: "linux-image-5.10.0-",
+            suffix: "-amd64-unsigned",
+            origin: Origin::Suite("bullseye"),
+        },
         Kernel::V6_1 => KernelPackage {
             pinned: "linux-image-6.1.0-57-amd64-unsigned",
             prefix: "linux-image-6.1.0-",
@@ -35,13 +43,18 @@ pub fn kernel_package(kernel: Kernel) -> KernelPackage {
             pinned: "linux-image-6.12.95+deb12-amd64-unsigned",
             prefix: "linux-image-6.12.",
             suffix: "+deb12-amd64-unsigned",
-            origin: Origin::Backports,
+            origin: Origin::Suite("bookworm-backports"),
+        },
+        // Since trixie the image package has no -unsigned twin: the signed one holds the same
+        // bzImage (the signature is appended). Its series is every 7.x, newest first.
+        Kernel::V7 => KernelPackage {
+            pinned: "linux-image-7.3.4+deb13-amd64",
+            prefix: "linux-image-7.",
+            suffix: "+deb13-amd64",
+            origin: Origin::Suite("trixie-backports"),
         },
     }
 }
-
-/// The suite the private apt list adds (on the host's bookworm mirror).
-pub const BACKPORTS_SUITE: &str = "bookworm-backports";
 
 /// Guest userland (bookworm), unpacked with `dpkg -x`, never installed on the host: busybox for the
 /// init, bash for the commands, libibverbs + the rxe provider + ibverbs-utils + perftest, the
@@ -139,7 +152,8 @@ pub const MODULE_ROOTS: &[&str] = &[
 /// bnxt_re nor mana_ib) has no list.
 pub const DRIVER_MODULES: &[&str] = &["mlx5_ib", "irdma", "bnxt_re", "mana_ib"];
 
-/// Kernel options the project needs, checked in the package's `boot/config-*`.
+/// Kernel options the project needs, checked in the package's `boot/config-*` (see
+/// [`required_config`]).
 pub const REQUIRED_CONFIG: &[&str] = &[
     "CONFIG_KPROBES=y",
     "CONFIG_KPROBE_EVENTS=y",
@@ -149,21 +163,71 @@ pub const REQUIRED_CONFIG: &[&str] = &[
     "CONFIG_INFINIBAND_USER_ACCESS=m",
 ];
 
-/// The candidates that follow `<prefix><N><suffix>` (N all digits), newest (largest N) first.
-/// Flavours such as `-cloud` or `-rt` do not match, because their middle part is not a number.
+/// The packages a split kernel image package `image` (`linux-image-<abi>`) depends on for its
+/// files: every `linux-<part>-<abi>` in its `Depends` field (`linux-base-`, `linux-binary-`,
+/// `linux-modules-<abi>`). None for the older, whole image packages.
+pub fn kernel_parts(image: &str, depends: &str) -> Vec<String> {
+    let Some(abi) = image.strip_prefix("linux-image-") else {
+        return Vec::new();
+    };
+    let mut parts: Vec<String> = depends
+        .split([',', '|'])
+        .filter_map(|dep| dep.split_whitespace().next())
+        .filter(|name| {
+            name.strip_prefix("linux-")
+                .and_then(|rest| rest.strip_suffix(abi))
+                .and_then(|rest| rest.strip_suffix('-'))
+                .is_some_and(|part| !part.is_empty() && part != "image")
+        })
+        .map(str::to_owned)
+        .collect();
+    parts.sort();
+    parts.dedup();
+    parts
+}
+
+/// [`MODULE_ROOTS`] for `kernel`. From 6.15 rxe computes its CRC with the crc32 library, and
+/// the crypto driver `crc32_generic` is gone.
+pub fn module_roots(kernel: Kernel) -> Vec<&'static str> {
+    MODULE_ROOTS
+        .iter()
+        .copied()
+        .filter(|m| kernel != Kernel::V7 || *m != "crc32_generic")
+        .collect()
+}
+
+/// [`REQUIRED_CONFIG`] for `kernel`. Module BTF came in 5.11: 5.10 lacks it, and rdma-trace names
+/// what degrades there.
+pub fn required_config(kernel: Kernel) -> Vec<&'static str> {
+    REQUIRED_CONFIG
+        .iter()
+        .copied()
+        .filter(|o| kernel != Kernel::V5_10 || *o != "CONFIG_DEBUG_INFO_BTF_MODULES=y")
+        .collect()
+}
+
+/// The candidates that follow `<prefix><N><suffix>` (N digits, or dot-separated digits compared
+/// as numbers: `3.10` is newer than `3.4`), newest (largest N) first. Flavours such as `-cloud` or
+/// `-rt` do not match, because their middle part is not a number.
 pub fn matching_newest_first<'a>(
     candidates: impl IntoIterator<Item = &'a str>,
     prefix: &str,
     suffix: &str,
 ) -> Vec<&'a str> {
-    let mut found: Vec<(u64, &str)> = candidates
+    let mut found: Vec<(Vec<u64>, &str)> = candidates
         .into_iter()
         .filter_map(|name| {
             let middle = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
-            if middle.is_empty() || !middle.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            Some((middle.parse().ok()?, name))
+            let version = middle
+                .split('.')
+                .map(|part| {
+                    if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                        return None;
+                    }
+                    part.parse().ok()
+                })
+                .collect::<Option<Vec<u64>>>()?;
+            Some((version, name))
         })
         .collect();
     found.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
@@ -228,8 +292,54 @@ mod tests {
     }
 
     #[test]
+    fn newest_7_by_version_numbers() {
+        let names = [
+            "linux-image-7.3.4+deb13-amd64",
+            "linux-image-7.3.10+deb13-amd64",
+            "linux-image-7.2.99+deb13-amd64",
+            "linux-image-7.4+deb13-amd64",
+            "linux-image-7.5.1+deb13-cloud-amd64",
+            "linux-image-7.5.1+deb13-rt-amd64",
+            "linux-image-7.5..1+deb13-amd64",
+            "linux-image-7.6.1+deb14-amd64",
+            "linux-image-7.6.1+deb13-amd64-dbg",
+        ];
+        let p = kernel_package(Kernel::V7);
+        assert_eq!(
+            matching_newest_first(names, p.prefix, p.suffix),
+            [
+                "linux-image-7.4+deb13-amd64",
+                "linux-image-7.3.10+deb13-amd64",
+                "linux-image-7.3.4+deb13-amd64",
+                "linux-image-7.2.99+deb13-amd64",
+            ]
+        );
+    }
+
+    #[test]
+    fn parts_of_a_split_kernel() {
+        let depends = "dracut | initramfs-tools (>= 0.120+deb8u2) | linux-initramfs-tool, \
+            linux-base-7.3.4+deb13-amd64 (= 7.3.4-1~bpo13+1), \
+            linux-binary-7.3.4+deb13-amd64 (= 7.3.4-1~bpo13+1), \
+            linux-modules-7.3.4+deb13-amd64 (= 7.3.4-1~bpo13+1), linux-base (>= 4.17~), \
+            linux-modules-7.3.4+deb13-cloud-amd64";
+        assert_eq!(
+            kernel_parts("linux-image-7.3.4+deb13-amd64", depends),
+            [
+                "linux-base-7.3.4+deb13-amd64",
+                "linux-binary-7.3.4+deb13-amd64",
+                "linux-modules-7.3.4+deb13-amd64",
+            ]
+        );
+        // The older packages hold the files themselves.
+        let whole =
+            "kmod, linux-base (>= 4.3~), initramfs-tools (>= 0.120+deb8u2) | linux-initramfs-tool";
+        assert!(kernel_parts("linux-image-6.1.0-57-amd64-unsigned", whole).is_empty());
+    }
+
+    #[test]
     fn pinned_names_follow_their_own_pattern() {
-        for k in [Kernel::V6_1, Kernel::V6_12] {
+        for k in [Kernel::V5_10, Kernel::V6_1, Kernel::V6_12, Kernel::V7] {
             let pinned = kernel_package(k).pinned;
             assert_eq!(newest(k, &[pinned]), Some(pinned));
         }
