@@ -131,7 +131,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         overhead.hook_hits = overhead.hook_hits(round_trips, "round trip");
         let dropped = std::mem::take(&mut src.dropped);
         drop(src);
-        let (wf_report, losses) = super::report::waterfall_and_losses(
+        let (wf_report, losses, stalls) = super::report::waterfall_and_losses(
             wf.as_ref().zip(wf_before.as_ref()),
             &overhead,
             kernel.release().as_deref(),
@@ -148,6 +148,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
             dropped,
             waterfall: wf_report,
             losses,
+            stalls,
         };
         let title = format!(
             "mode {mode:?}: {} iterations of {}, {server} ↔ {client}",

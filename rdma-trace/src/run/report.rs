@@ -21,7 +21,7 @@ use crate::{
         window::Window,
     },
     views::timeline,
-    waterfall::{SampleRecord, Snapshot, Waterfall, WaterfallReport},
+    waterfall::{SampleRecord, Snapshot, Waterfall, WaterfallReport, stall::Stall},
 };
 
 /// The version of the JSON document's shape.
@@ -148,6 +148,9 @@ pub struct Phase {
     /// What the programs could not record in this phase, the events whose stamps were clamped,
     /// and the program runs the kernel skipped (docs/json.md).
     pub losses: Losses,
+    /// Threads blocked in `ibv_get_cq_event` longer than `--stall-after`, each with the link of
+    /// the completion chain that broke (docs/stalls.md); `null` without the waterfall.
+    pub stalls: Option<Vec<Stall>>,
 }
 
 /// One traced process of a workload.
@@ -165,14 +168,15 @@ pub struct ProcessReport {
     pub calls: BTreeMap<Cow<'static, str>, u64>,
 }
 
-/// A phase's waterfall (its counts since `before`, the snapshot at the window's start) and its
-/// losses over the same window: the waterfall's loss counters and the recursion misses of
-/// `overhead`'s programs.
+/// A phase's waterfall (its counts since `before`, the snapshot at the window's start), its
+/// losses over the same window (the waterfall's loss counters and the recursion misses of
+/// `overhead`'s programs), and the stalls seen in it.
 pub fn waterfall_and_losses(
     wf: Option<(&Waterfall, &Snapshot)>,
     overhead: &Overhead,
     release: Option<&str>,
-) -> anyhow::Result<(Option<WaterfallReport>, Losses)> {
+) -> anyhow::Result<(Option<WaterfallReport>, Losses, Option<Vec<Stall>>)> {
+    let stalls = wf.map(|(w, _)| w.take_stalls()).transpose()?;
     let delta = wf
         .map(|(w, before)| w.snapshot().map(|s| s.since(before)))
         .transpose()?;
@@ -185,7 +189,11 @@ pub fn waterfall_and_losses(
             .map(|p| (p.name.as_str(), p.recursion_misses, p.kprobe_misses)),
         release,
     );
-    Ok((delta.as_ref().map(WaterfallReport::from_snapshot), losses))
+    Ok((
+        delta.as_ref().map(WaterfallReport::from_snapshot),
+        losses,
+        stalls,
+    ))
 }
 
 /// The completion mode a phase's probes show: from `ib_uverbs_comp_handler`'s count.

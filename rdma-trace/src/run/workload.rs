@@ -146,7 +146,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         args,
     )?;
     drop(session);
-    let (waterfall, losses) = super::report::waterfall_and_losses(
+    let (waterfall, losses, stalls) = super::report::waterfall_and_losses(
         wf.as_ref().zip(wf_before.as_ref()),
         &overhead,
         kernel.release().as_deref(),
@@ -186,6 +186,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         dropped: Vec::new(),
         waterfall,
         losses,
+        stalls,
     };
     let load = LoadInfo::workload(&target);
     let report_text = render::Text {
