@@ -31,6 +31,8 @@ mod hardening;
 mod harness;
 #[path = "guest/kill_on_drop.rs"]
 mod kill_on_drop;
+#[path = "guest/stall.rs"]
+mod stall;
 #[path = "guest/stamps.rs"]
 mod stamps;
 #[path = "guest/workload.rs"]

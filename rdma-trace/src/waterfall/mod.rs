@@ -528,9 +528,13 @@ impl Waterfall {
             if !stall::is_stall(&e, after) {
                 continue;
             }
-            let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", reading.tgid))
-                .map(|c| c.trim_end().to_owned())
-                .unwrap_or_default();
+            // A thread that is gone is no stall (its read's return was missed).
+            let Ok(comm) =
+                std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", reading.tgid))
+            else {
+                continue;
+            };
+            let comm = comm.trim_end().to_owned();
             let s = stall::diagnose(&e, reading.tgid, comm);
             self.stalls
                 .borrow_mut()
