@@ -67,6 +67,30 @@ pub enum CompletionError {
     Verbs(#[from] VerbsError),
 }
 
+/// Mistakes an event-mode program can make, injected for the tests of `rdma-trace`'s stall
+/// doctor (`rdma-demo --fault-no-rearm-after N`, `--fault-no-poll`): each one leaves a thread
+/// blocked in `ibv_get_cq_event` with a known link of the completion chain broken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompletionFaults {
+    /// After this many events, the CQ is no longer re-armed (`ibv_req_notify_cq` forgotten).
+    pub no_rearm_after: Option<u64>,
+    /// Once an event was read, the CQ is never polled again: the next wait blocks with the
+    /// completions that raised the event still in the CQ.
+    pub no_poll: bool,
+}
+
+impl CompletionFaults {
+    /// Whether the CQ is re-armed after the `events`-th event.
+    fn rearms_after(&self, events: u64) -> bool {
+        self.no_rearm_after.is_none_or(|n| events < n)
+    }
+
+    /// Whether the CQ is polled once `events` events were read.
+    fn polls_after(&self, events: u64) -> bool {
+        !self.no_poll || events == 0
+    }
+}
+
 /// Completions of one CQ, fetched by polling or by events.
 #[derive(Debug)]
 pub struct Completions {
@@ -84,6 +108,7 @@ pub struct Completions {
     /// and the completions polled so far (counted only then).
     stamps: Option<Stamps>,
     polled: Polled,
+    faults: CompletionFaults,
 }
 
 /// How long a passive poller sleeps between polls that find nothing. Its wait is not measured,
@@ -109,7 +134,14 @@ impl Completions {
             nap: None,
             stamps: None,
             polled: Polled::default(),
+            faults: CompletionFaults::default(),
         })
+    }
+
+    /// Injects `faults` into the event-mode waits (none by default).
+    pub fn with_faults(mut self, faults: CompletionFaults) -> Self {
+        self.faults = faults;
+        self
     }
 
     /// Stamps the first `limit` event reads and posts of the calling thread (none for 0): the
@@ -234,7 +266,7 @@ impl Completions {
             }
             Mode::Event => loop {
                 // Armed here: drain first, sleep only on an empty CQ.
-                if self.drain()? > 0 {
+                if self.faults.polls_after(self.events) && self.drain()? > 0 {
                     break true;
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -248,7 +280,9 @@ impl Completions {
                     s.read_at(t, self.polled);
                 }
                 self.events += 1;
-                self.cq.arm()?;
+                if self.faults.rearms_after(self.events) {
+                    self.cq.arm()?;
+                }
             },
         };
         self.wait += start.elapsed();
@@ -334,4 +368,37 @@ pub fn post_and_wait(
     let wc = comp.next(what)?;
     expect(wc, op.completion(), what)?;
     Ok(t0.elapsed().as_nanos() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CompletionFaults;
+
+    #[test]
+    fn no_faults_rearm_and_poll_always() {
+        let f = CompletionFaults::default();
+        assert!((0..5).all(|e| f.rearms_after(e) && f.polls_after(e)));
+    }
+
+    #[test]
+    fn the_rearm_is_forgotten_from_the_nth_event_on() {
+        let f = CompletionFaults {
+            no_rearm_after: Some(3),
+            no_poll: false,
+        };
+        assert!(f.rearms_after(1) && f.rearms_after(2));
+        assert!(!f.rearms_after(3) && !f.rearms_after(4));
+        assert!(f.polls_after(7));
+    }
+
+    #[test]
+    fn no_poll_polls_only_before_the_first_event() {
+        let f = CompletionFaults {
+            no_rearm_after: None,
+            no_poll: true,
+        };
+        assert!(f.polls_after(0));
+        assert!(!f.polls_after(1) && !f.polls_after(9));
+        assert!(f.rearms_after(9));
+    }
 }

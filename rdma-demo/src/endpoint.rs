@@ -4,7 +4,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::completion::{Completions, Mode};
+use crate::completion::{CompletionFaults, Completions, Mode};
 use crate::devices::{DevicesError, device_list};
 use crate::error::DemoError;
 use crate::exchange::{ConnInfo, Demo, RemoteBuf};
@@ -27,6 +27,8 @@ pub struct EndpointOptions {
     pub timeout: Duration,
     /// A fault to inject, for tests of the error paths.
     pub fault: Option<Fault>,
+    /// Faults of the event-mode waits, for tests of the stall doctor.
+    pub completion_faults: CompletionFaults,
     /// `--stamps N`: stamp the first N event reads and posts of each side (0: none).
     pub stamps: u32,
 }
@@ -58,6 +60,7 @@ pub struct Endpoint {
     pub mode: Mode,
     pub timeout: Duration,
     pub fault: Option<Fault>,
+    pub completion_faults: CompletionFaults,
     /// Event reads and posts to stamp ([`EndpointOptions::stamps`]).
     pub stamps: u32,
     /// What was chosen, for the user ("using GID index 1 ...").
@@ -188,6 +191,7 @@ impl Endpoint {
             mode: opts.mode,
             timeout: opts.timeout,
             fault: opts.fault,
+            completion_faults: opts.completion_faults,
             stamps: opts.stamps,
             notes,
         })
@@ -203,9 +207,11 @@ impl Endpoint {
     }
 
     /// The completions of `cq`, waited for in this endpoint's mode and within its timeout,
-    /// with the calling thread's stamps when asked for.
+    /// with the calling thread's stamps when asked for, and the faults asked for.
     pub fn completions(&self, cq: Rc<CompletionQueue>) -> Result<Completions, DemoError> {
-        Ok(Completions::new(cq, self.mode, self.timeout)?.with_stamps(self.stamps))
+        Ok(Completions::new(cq, self.mode, self.timeout)?
+            .with_stamps(self.stamps)
+            .with_faults(self.completion_faults))
     }
 
     /// An RC QP that sends and receives on `cq` (at most `send_wr` and `recv_wr` requests

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory as _, Parser, Subcommand};
+use rdma_demo::completion::CompletionFaults;
 use rdma_demo::completion::Mode;
 use rdma_demo::devices::{self, DevicesError};
 use rdma_demo::endpoint::{EndpointOptions, Fault};
@@ -211,6 +212,14 @@ struct CommonArgs {
     /// Inject a fault on the client side (for tests)
     #[arg(long, value_enum, value_name = "FAULT", hide = true)]
     inject_fault: Option<Fault>,
+    /// Event mode, for tests (the client's side, or the server's with --server): stop calling
+    /// ibv_req_notify_cq after N completion events
+    #[arg(long, value_name = "N", hide = true)]
+    fault_no_rearm_after: Option<u64>,
+    /// Event mode, for tests (the side as above): read completion events but never poll the
+    /// CQ once one was read
+    #[arg(long, hide = true)]
+    fault_no_poll: bool,
 }
 
 fn parse_timeout(s: &str) -> Result<f64, String> {
@@ -407,6 +416,7 @@ impl CommonArgs {
             mode: if self.event { Mode::Event } else { self.mode },
             timeout: Duration::from_secs_f64(self.timeout),
             fault: None,
+            completion_faults: CompletionFaults::default(),
             stamps: self.stamps,
         }
     }
@@ -414,13 +424,22 @@ impl CommonArgs {
     fn client_options(&self) -> EndpointOptions {
         let mut o = self.options(self.device.as_ref());
         o.fault = self.inject_fault;
+        o.completion_faults = self.completion_faults();
         o
+    }
+
+    fn completion_faults(&self) -> CompletionFaults {
+        CompletionFaults {
+            no_rearm_after: self.fault_no_rearm_after,
+            no_poll: self.fault_no_poll,
+        }
     }
 
     fn server_options(&self) -> EndpointOptions {
         let mut o = self.options(self.server_device.as_ref().or(self.device.as_ref()));
         if self.server {
             o.fault = self.inject_fault;
+            o.completion_faults = self.completion_faults();
         }
         o
     }

@@ -215,6 +215,79 @@ pub const SF_NO_SWITCH: u32 = 2;
 /// Sample flag: T2 or T3 was out of order and clamped into [T1, T4] ([`L_CLAMPED`]).
 pub const SF_CLAMPED: u32 = 4;
 
+/// Per CQ (rxe: `rxe_req_notify_cq` and `rxe_cq_post`, and the handler's calls): the links
+/// of the completion chain the driver shows, kept for the stall doctor and for T0. Times in ns
+/// of CLOCK_MONOTONIC, 0: not seen.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WfCq {
+    /// The first CQE posted since the last arm or handler call: T0 of the next event.
+    pub t0: u64,
+    /// The last arm (`ibv_req_notify_cq`).
+    pub armed_at: u64,
+    /// The last CQE posted.
+    pub posted_at: u64,
+    /// The last handler call (`ib_uverbs_comp_handler`).
+    pub handler_at: u64,
+    pub posts_since_arm: u64,
+    pub posts_since_handler: u64,
+    /// The CQ's restrack id (`rdma res show cq`'s `cqn`); [`NO_ID`] when not known.
+    pub res_id: u32,
+    pub _pad: u32,
+}
+
+/// An id or count that is not known.
+pub const NO_ID: u32 = u32::MAX;
+
+/// Events a channel's handler queued that no read has taken yet (the kernel's FIFO, mirrored),
+/// and what the stall doctor needs of the channel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WfQueue {
+    pub head: u64,
+    pub tail: u64,
+    pub t0: [u64; WF_QUEUE_LEN as usize],
+    pub t1: [u64; WF_QUEUE_LEN as usize],
+    pub cpu: [u64; WF_QUEUE_LEN as usize],
+    /// The CQ of the channel's last handler call.
+    pub cq: u64,
+    /// rxe: that CQ's `rxe_queue_buf` (shared with user space), 0 when not resolved.
+    pub buf: u64,
+    /// When a read last returned one of its events.
+    pub read_at: u64,
+    /// T2 and T3 of the last event read whose reader was woken by its handler.
+    pub woken_at: u64,
+    pub on_cpu_at: u64,
+}
+
+/// A read of a completion channel in progress (`ib_uverbs_comp_event_read`): the waiter.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WfReading {
+    /// The channel's `ev_queue`.
+    pub queue: u64,
+    /// When the read began.
+    pub since: u64,
+    /// The channel's CQ then (0: none seen yet).
+    pub cq: u64,
+    pub tgid: u32,
+    /// rxe: CQEs in that CQ that nobody had polled when the read began ([`NO_ID`]: unknown).
+    pub unpolled: u32,
+}
+
+/// A thread woken inside a handler, until it reads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WfWake {
+    pub queue: u64,
+    /// Position of the event in its channel's queue.
+    pub event: u64,
+    pub t2: u64,
+    pub t3: u64,
+    pub cpu_target: u32,
+    pub cpu_on: u32,
+}
+
 /// Offsets the loader patches in (`WF_CONFIG` global).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,9 +301,19 @@ pub struct WfConfig {
     pub waking_target_cpu: u32,
     /// `sched_switch` tracepoint record: `next_pid`.
     pub switch_next_pid: u32,
-    pub _pad: u32,
+    /// `struct ib_cq`'s `res.id` (its restrack id); 0: unknown.
+    pub cq_res_id: u32,
     /// Samples to emit at most, per CPU (0: none).
     pub sample_max: u64,
+    /// rxe, for the CQEs left unpolled: `struct rxe_cq`'s `queue`, `struct rxe_queue`'s
+    /// `buf`, and `struct rxe_queue_buf`'s `index_mask`, `producer_index`, `consumer_index`
+    /// (0: unknown).
+    pub rxe_cq_queue: u32,
+    pub rxe_queue_buf: u32,
+    pub buf_mask: u32,
+    pub buf_producer: u32,
+    pub buf_consumer: u32,
+    pub _pad: u32,
 }
 
 impl WfConfig {
@@ -240,8 +323,14 @@ impl WfConfig {
         waking_pid: 0,
         waking_target_cpu: 0,
         switch_next_pid: 0,
-        _pad: 0,
+        cq_res_id: 0,
         sample_max: 0,
+        rxe_cq_queue: 0,
+        rxe_queue_buf: 0,
+        buf_mask: 0,
+        buf_producer: 0,
+        buf_consumer: 0,
+        _pad: 0,
     };
 }
 
@@ -256,6 +345,14 @@ mod user {
     unsafe impl aya::Pod for super::WfThread {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::WfConfig {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::WfCq {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::WfQueue {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::WfReading {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::WfWake {}
 }
 
 #[cfg(test)]
@@ -270,7 +367,14 @@ mod tests {
             8 * (NR_WCOUNTERS + NR_CLASSES + 3 * WF_CPUS + NR_LOSSES) as usize
         );
         assert_eq!(core::mem::size_of::<WfSample>(), 5 * 8 + 8 * 4);
-        assert_eq!(core::mem::size_of::<WfConfig>(), 32);
+        assert_eq!(core::mem::size_of::<WfConfig>(), 56);
+        assert_eq!(core::mem::size_of::<WfCq>(), 56);
+        assert_eq!(
+            core::mem::size_of::<WfQueue>(),
+            8 * (7 + 3 * WF_QUEUE_LEN as usize)
+        );
+        assert_eq!(core::mem::size_of::<WfReading>(), 32);
+        assert_eq!(core::mem::size_of::<WfWake>(), 40);
         assert_eq!(core::mem::size_of::<WfThread>(), 24);
     }
 }

@@ -40,10 +40,12 @@ use rdma_trace_common::{
         L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED, L_SAMPLES, L_SLOT_NOT_STORED,
         L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED, SF_NO_SWITCH, SF_WOKEN, W_AWAKE,
         W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED,
-        W_WOKEN, WF_CPUS, WF_NHIST, WF_QUEUE_LEN, WF_THREADS, WfConfig, WfCounts, WfHist, WfSample,
-        WfThread,
+        W_WOKEN, WF_CPUS, WF_NHIST, WF_QUEUE_LEN, WF_THREADS, WfConfig, WfCounts, WfCq, WfHist,
+        WfQueue as Queue, WfReading as Reading, WfSample, WfThread, WfWake as Wake,
     },
 };
+
+use rdma_trace_common::waterfall::NO_ID;
 
 use crate::{config, now};
 
@@ -56,17 +58,6 @@ const _: () = assert!(HIST_SLOTS.is_power_of_two());
 const BPF_NOEXIST: u64 = 1;
 const EEXIST: i64 = 17;
 
-/// Events a channel's handler queued that no read has taken yet.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Queue {
-    head: u64,
-    tail: u64,
-    t0: [u64; WF_QUEUE_LEN as usize],
-    t1: [u64; WF_QUEUE_LEN as usize],
-    cpu: [u64; WF_QUEUE_LEN as usize],
-}
-
 /// The handler running on this CPU.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -77,25 +68,6 @@ pub struct Handler {
     active: u64,
 }
 
-/// A thread woken inside a handler, until it reads.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Wake {
-    queue: u64,
-    event: u64,
-    t2: u64,
-    t3: u64,
-    cpu_target: u32,
-    cpu_on: u32,
-}
-
-/// A read in progress.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Reading {
-    queue: u64,
-}
-
 #[map]
 static WF_QUEUES: HashMap<u64, Queue> = HashMap::with_max_entries(1024, 0);
 /// All zero: the initial value of a new queue (too big for the BPF stack).
@@ -103,9 +75,10 @@ static WF_QUEUES: HashMap<u64, Queue> = HashMap::with_max_entries(1024, 0);
 static WF_ZERO: PerCpuArray<Queue> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static WF_HANDLER: PerCpuArray<Handler> = PerCpuArray::with_max_entries(1, 0);
-/// rxe: the first CQE posted on a CQ since its last handler call.
+/// rxe: per CQ, T0 (the first CQE posted since its last arm or handler call) and the
+/// stall doctor's links: the last arm, post and handler call.
 #[map]
-static WF_T0_CQ: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
+static WF_CQ: LruHashMap<u64, WfCq> = LruHashMap::with_max_entries(4096, 0);
 /// mlx5: the driver's completion callback running on this CPU.
 #[map]
 static WF_T0_CPU: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
@@ -158,12 +131,36 @@ fn tid() -> u32 {
 
 // ---- T0
 
+/// rxe_cq_post(cq, ...): a CQE is posted. The first post since the CQ was armed (or since its
+/// last handler call) raised the event: T0.
 #[kprobe]
 pub fn wf_rxe_cq_post(ctx: ProbeContext) -> u32 {
     let cq: u64 = ctx.arg(0).unwrap_or(0);
-    if cq != 0 {
-        // The first post since the CQ was armed (or since its last handler call) raised the event.
-        let _ = WF_T0_CQ.insert(cq, now(), BPF_NOEXIST);
+    if cq == 0 {
+        return 0;
+    }
+    let t = now();
+    if let Some(c) = WF_CQ.get_ptr_mut(cq) {
+        // SAFETY: a hash map value; rxe posts a CQ's CQEs under its lock. An arm or handler
+        // call on another CPU may race these plain stores: they are stamps, not counts of
+        // record.
+        let c = unsafe { &mut *c };
+        if c.t0 == 0 {
+            c.t0 = t;
+        }
+        c.posted_at = t;
+        c.posts_since_arm += 1;
+        c.posts_since_handler += 1;
+    } else {
+        let c = WfCq {
+            t0: t,
+            posted_at: t,
+            posts_since_arm: 1,
+            posts_since_handler: 1,
+            res_id: res_id(cq),
+            ..WfCq::default()
+        };
+        let _ = WF_CQ.insert(cq, c, 0);
     }
     0
 }
@@ -172,8 +169,37 @@ pub fn wf_rxe_cq_post(ctx: ProbeContext) -> u32 {
 #[kprobe]
 pub fn wf_rxe_arm(ctx: ProbeContext) -> u32 {
     let cq: u64 = ctx.arg(0).unwrap_or(0);
-    let _ = WF_T0_CQ.remove(cq);
+    if cq == 0 {
+        return 0;
+    }
+    let t = now();
+    if let Some(c) = WF_CQ.get_ptr_mut(cq) {
+        // SAFETY: a hash map value; see `wf_rxe_cq_post`.
+        let c = unsafe { &mut *c };
+        c.t0 = 0;
+        c.armed_at = t;
+        c.posts_since_arm = 0;
+    } else {
+        let c = WfCq {
+            armed_at: t,
+            res_id: res_id(cq),
+            ..WfCq::default()
+        };
+        let _ = WF_CQ.insert(cq, c, 0);
+    }
     0
+}
+
+/// The restrack id of `struct ib_cq` at `cq` (once per CQ, when it is first seen).
+#[inline(always)]
+fn res_id(cq: u64) -> u32 {
+    let off = config(&WF_CONFIG).cq_res_id;
+    if off == 0 {
+        return rdma_trace_common::waterfall::NO_ID;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address; a bad one gives an error, not a fault.
+    unsafe { bpf_probe_read_kernel((cq + u64::from(off)) as *const u32) }
+        .unwrap_or(rdma_trace_common::waterfall::NO_ID)
 }
 
 /// irq_handler_entry(irq, action): an mlx5 completion vector's hard IRQ begins on this CPU.
@@ -226,11 +252,13 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
     let t1 = now();
     let cq: u64 = ctx.arg(0).unwrap_or(0);
     let queue: u64 = ctx.arg(1).unwrap_or(0);
-    // SAFETY: the value is copied out before the entry is removed.
-    let mut t0 = match unsafe { WF_T0_CQ.get(cq) } {
-        Some(&t) => {
-            let _ = WF_T0_CQ.remove(cq);
-            t
+    let mut t0 = match WF_CQ.get_ptr_mut(cq) {
+        Some(c) => {
+            // SAFETY: a hash map value; see `wf_rxe_cq_post`.
+            let c = unsafe { &mut *c };
+            c.handler_at = t1;
+            c.posts_since_handler = 0;
+            core::mem::replace(&mut c.t0, 0)
         }
         None => 0,
     };
@@ -259,6 +287,10 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
     // SAFETY: a hash map value; the kernel serialises a channel's handler calls under its
     // lock, and the reader only moves `head`.
     let q = unsafe { &mut *q };
+    if q.cq != cq {
+        q.cq = cq;
+        q.buf = 0;
+    }
     let event = q.tail;
     let i = (event & QMASK) as usize;
     if let (Some(a), Some(b), Some(c)) = (q.t0.get_mut(i), q.t1.get_mut(i), q.cpu.get_mut(i)) {
@@ -361,10 +393,22 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
     if private == 0 {
         return 0;
     }
-    let r = Reading {
-        queue: private + u64::from(cfg.ev_queue),
+    let queue = private + u64::from(cfg.ev_queue);
+    let (cq, unpolled) = match WF_QUEUES.get_ptr_mut(queue) {
+        // SAFETY: a hash map value; `cq` and `buf` are written by handler calls and here, and
+        // a stale pair only misreads a count of the stall doctor's.
+        Some(q) => unsafe { ((*q).cq, unpolled(&mut *q, &cfg)) },
+        None => (0, NO_ID),
     };
-    let tid = tid();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let r = Reading {
+        queue,
+        since: now(),
+        cq,
+        tgid: (pid_tgid >> 32) as u32,
+        unpolled,
+    };
+    let tid = pid_tgid as u32;
     if let Err(e) = WF_READING.insert(tid, r, BPF_NOEXIST) {
         // A read of this thread is still open: its return was missed (a thread reads one
         // event at a time). It most likely returned its channel's oldest event: take that one
@@ -387,6 +431,43 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
         }
     }
     0
+}
+
+/// rxe: the CQEs in the channel's CQ that user space has not polled (producer − consumer index
+/// of the queue it shares with rxe), [`NO_ID`] when not known.
+#[inline(always)]
+fn unpolled(q: &mut Queue, cfg: &WfConfig) -> u32 {
+    if q.cq == 0 || cfg.rxe_cq_queue == 0 || cfg.buf_producer == 0 {
+        return NO_ID;
+    }
+    if q.buf == 0 {
+        // SAFETY: bpf_probe_read_kernel checks the addresses; a bad one gives an error.
+        let queue: u64 =
+            unsafe { bpf_probe_read_kernel((q.cq + u64::from(cfg.rxe_cq_queue)) as *const u64) }
+                .unwrap_or(0);
+        if queue == 0 {
+            return NO_ID;
+        }
+        // SAFETY: as above.
+        q.buf =
+            unsafe { bpf_probe_read_kernel((queue + u64::from(cfg.rxe_queue_buf)) as *const u64) }
+                .unwrap_or(0);
+        if q.buf == 0 {
+            return NO_ID;
+        }
+    }
+    let read = |off: u32| {
+        // SAFETY: as above.
+        unsafe { bpf_probe_read_kernel((q.buf + u64::from(off)) as *const u32) }.ok()
+    };
+    match (
+        read(cfg.buf_mask),
+        read(cfg.buf_producer),
+        read(cfg.buf_consumer),
+    ) {
+        (Some(mask), Some(p), Some(c)) => p.wrapping_sub(c) & mask,
+        _ => NO_ID,
+    }
 }
 
 #[kretprobe]
@@ -418,6 +499,7 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
     }
     let event = q.head;
     q.head = event + 1;
+    q.read_at = t4;
     let i = (event & QMASK) as usize;
     let (Some(&t0), Some(&t1), Some(&cpu1)) = (q.t0.get(i), q.t1.get(i), q.cpu.get(i)) else {
         return 0;
@@ -460,6 +542,10 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
             // A wake-up for an event this thread will never read from here: stale.
             let _ = WF_WAKE.remove(tid);
         }
+    }
+    if s.flags & SF_WOKEN != 0 {
+        q.woken_at = s.t2;
+        q.on_cpu_at = s.t3;
     }
     s.class = class(s.cpu_handler, s.cpu_on);
     record(slot, &s);

@@ -33,6 +33,8 @@ mod harness;
 mod kill_on_drop;
 #[path = "guest/privileges.rs"]
 mod privileges;
+#[path = "guest/stall.rs"]
+mod stall;
 #[path = "guest/stamps.rs"]
 mod stamps;
 #[path = "guest/workload.rs"]

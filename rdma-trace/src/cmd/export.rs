@@ -62,7 +62,7 @@ pub async fn run(args: &Args) -> Result<()> {
     });
     let labels = ProbeLabels::new(&kernel.rdma_devices(), &host);
     let release = kernel.release();
-    let wf = crate::waterfall::start_or_explain(false, 0, 0);
+    let wf = crate::waterfall::start_or_explain(false, 0, 0, std::time::Duration::from_secs(1));
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;

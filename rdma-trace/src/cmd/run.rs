@@ -78,6 +78,11 @@ pub struct Args {
     /// Do not trace the completion waterfall (handler → wake-up → on CPU → read, per thread).
     #[arg(long)]
     pub no_waterfall: bool,
+    /// A thread blocked in ibv_get_cq_event longer than this, on a channel that has delivered
+    /// events, is a stall: the report, the JSON and the live view say which link of the
+    /// completion chain broke (docs/stalls.md).
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cmd::parse_seconds)]
+    pub stall_after: Duration,
     /// Trace these running processes (and their children) instead of running the demo; ends
     /// when they have all exited, at --duration or Ctrl-C (each a success: status 0).
     #[arg(short, long, value_name = "PID[,PID...]", value_delimiter = ',',
@@ -135,6 +140,7 @@ impl Args {
             overhead_budget: self.overhead_budget,
             enforce: self.enforce,
             no_waterfall: self.no_waterfall,
+            stall_after: self.stall_after,
             sample: self.sample,
             timeline: self.timeline.clone(),
             timeline_sample: self.timeline_sample,

@@ -58,6 +58,7 @@ pub fn attach(
         args.no_waterfall,
         args.sample as usize,
         args.timeline_waterfall_events(),
+        args.stall_after,
     );
     crate::startup::step("waterfall");
     crate::startup::print_if_verbose();

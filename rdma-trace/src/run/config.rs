@@ -61,6 +61,8 @@ pub struct RunConfig {
     pub enforce: bool,
     // The completion waterfall.
     pub no_waterfall: bool,
+    /// A read blocked longer is a stall.
+    pub stall_after: std::time::Duration,
     /// Per-event records kept.
     pub sample: u32,
     // The timeline file.
@@ -139,6 +141,7 @@ pub mod tests {
             overhead_budget: 5.0,
             enforce: false,
             no_waterfall: true,
+            stall_after: std::time::Duration::from_secs(1),
             sample: 0,
             timeline: None,
             timeline_sample: 20,

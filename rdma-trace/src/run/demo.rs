@@ -115,7 +115,8 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         let (window, demo_json, demo_out) =
             run_demo(&demo, mode, &server, &client, args, &mut live, &mut src).await?;
         let after = src.session.snapshot()?;
-        let wf_window = super::report::waterfall_window(wf.as_ref().zip(wf_before.as_ref()))?;
+        let (wf_window, stalls) =
+            super::report::waterfall_window(wf.as_ref().zip(wf_before.as_ref()))?;
         let data = delta(&after, src.base.phase_data());
         let probes = probe_reports(src.session, &data, window.seconds);
         let mut overhead = src.base.overhead(src.session);
@@ -149,6 +150,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
             dropped,
             waterfall: wf_report,
             losses,
+            stalls,
         };
         let title = format!(
             "mode {mode:?}: {} iterations of {}, {server} ↔ {client}",

@@ -141,6 +141,9 @@ pub fn phase(
 ) -> String {
     let mut out = format!("===== {title} =====\n");
     out.extend(phase.losses.line());
+    if let Some(stalls) = &phase.stalls {
+        out.push_str(&crate::waterfall::stall::render(stalls));
+    }
     if !load_text.trim().is_empty() {
         out.push_str(load_text.trim_end());
         out.push('\n');
@@ -332,6 +335,7 @@ mod tests {
             dropped: Vec::new(),
             waterfall: None,
             losses,
+            stalls: None,
         }
     }
 

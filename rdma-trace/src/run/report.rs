@@ -21,7 +21,7 @@ use crate::{
         window::Window,
     },
     views::timeline,
-    waterfall::{SampleRecord, Snapshot, Waterfall, WaterfallReport},
+    waterfall::{SampleRecord, Snapshot, Waterfall, WaterfallReport, stall::Stall},
 };
 
 /// The version of the JSON document's shape.
@@ -148,6 +148,9 @@ pub struct Phase {
     /// What the programs could not record in this phase, the events whose stamps were clamped,
     /// and the program runs the kernel skipped (docs/json.md).
     pub losses: Losses,
+    /// Threads blocked in `ibv_get_cq_event` longer than `--stall-after`, each with the link of
+    /// the completion chain that broke (docs/stalls.md); `null` without the waterfall.
+    pub stalls: Option<Vec<Stall>>,
 }
 
 /// One traced process of a workload.
@@ -165,11 +168,17 @@ pub struct ProcessReport {
     pub calls: BTreeMap<Cow<'static, str>, u64>,
 }
 
-/// The waterfall's counts over a window: now since `before`, the snapshot at the window's
-/// start. Taken when the window ends, next to the probe table's end snapshot.
-pub fn waterfall_window(wf: Option<(&Waterfall, &Snapshot)>) -> anyhow::Result<Option<Snapshot>> {
-    wf.map(|(w, before)| w.snapshot().map(|s| s.since(before)))
-        .transpose()
+/// The waterfall's counts over a window (now since `before`, the snapshot at the window's
+/// start) and the stalls seen in it. Taken when the window ends, next to the probe table's end
+/// snapshot.
+pub fn waterfall_window(
+    wf: Option<(&Waterfall, &Snapshot)>,
+) -> anyhow::Result<(Option<Snapshot>, Option<Vec<Stall>>)> {
+    let stalls = wf.map(|(w, _)| w.take_stalls()).transpose()?;
+    let delta = wf
+        .map(|(w, before)| w.snapshot().map(|s| s.since(before)))
+        .transpose()?;
+    Ok((delta, stalls))
 }
 
 /// A phase's waterfall (`delta`, from [`waterfall_window`]) and its losses over the same

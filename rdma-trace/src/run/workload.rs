@@ -110,7 +110,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     };
     // The processes' counts start with the window, next to the probes' baseline.
     let procs_before = workload::read_processes(session.bpf().ebpf())?;
-    let (window, probes, overhead, wf_window, procs_after) = {
+    let (window, probes, overhead, wf_window, stalls, procs_after) = {
         let mut src = WorkloadSource {
             session: &session,
             label: label.clone(),
@@ -124,11 +124,12 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         let after = session.finish()?;
         // The waterfall and the processes end with the probe table, before the screen lingers:
         // every count of the report covers one window.
-        let wf_window = super::report::waterfall_window(wf.as_ref().zip(wf_before.as_ref()))?;
+        let (wf_window, stalls) =
+            super::report::waterfall_window(wf.as_ref().zip(wf_before.as_ref()))?;
         let procs_after = workload::read_processes(session.bpf().ebpf())?;
         let data = delta(&after, &before);
         let probes = probe_reports(&session, &data, window.seconds);
-        (window, probes, overhead, wf_window, procs_after)
+        (window, probes, overhead, wf_window, stalls, procs_after)
     };
     let interrupted = if window.ended_by != "quit" && !window.interrupted() {
         live.linger("run finished").await?
@@ -190,6 +191,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         dropped: Vec::new(),
         waterfall,
         losses,
+        stalls,
     };
     let load = LoadInfo::workload(&target);
     let report_text = render::Text {

@@ -41,6 +41,7 @@ struct Type {
 }
 
 /// Types and strings of one BTF blob, optionally on top of a base.
+#[derive(Clone)]
 pub struct Btf {
     /// Index = type id (0 is void).
     types: Vec<Type>,

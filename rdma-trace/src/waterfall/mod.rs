@@ -8,9 +8,10 @@
 pub mod btf;
 pub mod model;
 pub mod selection;
+pub mod stall;
 pub mod topology;
 
-use std::{cell::RefCell, path::Path};
+use std::{cell::RefCell, collections::BTreeMap, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
@@ -19,7 +20,8 @@ use aya::{
     programs::{KProbe, Program, ProgramError, RawTracePoint, TracePoint},
 };
 use rdma_trace_common::waterfall::{
-    CLASS_UNKNOWN, WF_CPUS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfHist, WfSample, WfThread,
+    CLASS_UNKNOWN, WF_CPUS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfCq, WfHist, WfQueue,
+    WfReading, WfSample, WfThread, WfWake,
 };
 
 pub use self::model::{Snapshot, WaterfallReport};
@@ -42,9 +44,21 @@ fn need_offset(kernel: &Kernel, event: &str, field: &str) -> Result<u32> {
         .with_context(|| format!("tracepoint {event} has no field {field}"))
 }
 
-/// Offsets of `struct file`'s `private_data` and of the completion channel's `ev_queue`, from
-/// the kernel's BTF and ib_uverbs' module BTF.
-fn btf_offsets(root: &Path) -> Result<(u32, u32)> {
+/// The offsets the programs read kernel structures at, from BTF.
+struct Offsets {
+    /// `struct file`'s `private_data`.
+    private: u32,
+    /// The completion channel's `ev_queue`.
+    ev_queue: u32,
+    /// `struct ib_cq`'s restrack id (`res.id`), 0 when not found.
+    cq_res_id: u32,
+    /// rxe (its module's BTF, when loaded): `rxe_cq.queue`, `rxe_queue.buf`, and the shared
+    /// buffer's `index_mask`, `producer_index`, `consumer_index`; zeros when not found.
+    rxe: [u32; 5],
+}
+
+/// [`Offsets`] from the kernel's BTF, ib_uverbs' module BTF and rdma_rxe's.
+fn btf_offsets(root: &Path) -> Result<Offsets> {
     let dir = root.join("sys/kernel/btf");
     let vmlinux = std::fs::read(dir.join("vmlinux")).map_err(|e| {
         anyhow!(Unsupported(format!(
@@ -58,11 +72,34 @@ fn btf_offsets(root: &Path) -> Result<(u32, u32)> {
         .context("vmlinux BTF")?;
     let module = std::fs::read(dir.join("ib_uverbs"))
         .map_err(|e| anyhow!(Unsupported(missing_module_btf(root, &dir, &e))))?;
-    let split = Btf::parse(&module, Some(base)).context("parsing ib_uverbs BTF")?;
+    let split = Btf::parse(&module, Some(base.clone())).context("parsing ib_uverbs BTF")?;
     let ev_queue = split
         .member_offset("ib_uverbs_completion_event_file", "ev_queue")
         .context("ib_uverbs BTF")?;
-    Ok((private, ev_queue))
+    // The stall doctor's extras are optional: without them it says less.
+    let cq_res_id = split
+        .member_offset("ib_cq", "res")
+        .and_then(|r| Ok(r + split.member_offset("rdma_restrack_entry", "id")?))
+        .unwrap_or(0);
+    let rxe = std::fs::read(dir.join("rdma_rxe"))
+        .ok()
+        .and_then(|m| Btf::parse(&m, Some(base)).ok())
+        .and_then(|b| {
+            Some([
+                b.member_offset("rxe_cq", "queue").ok()?,
+                b.member_offset("rxe_queue", "buf").ok()?,
+                b.member_offset("rxe_queue_buf", "index_mask").ok()?,
+                b.member_offset("rxe_queue_buf", "producer_index").ok()?,
+                b.member_offset("rxe_queue_buf", "consumer_index").ok()?,
+            ])
+        })
+        .unwrap_or([0; 5]);
+    Ok(Offsets {
+        private,
+        ev_queue,
+        cq_res_id,
+        rxe,
+    })
 }
 
 /// Why ib_uverbs' BTF (`dir/ib_uverbs`) could not be read (`e`): the module is not loaded, or the
@@ -113,6 +150,10 @@ pub struct Waterfall {
     sample_max: usize,
     /// With `--timeline`: the events it keeps, chosen among all of them as they are read.
     selection: Option<RefCell<selection::Selection>>,
+    /// A read blocked longer than this is a stall (`--stall-after`).
+    stall_after: Duration,
+    /// Every stall seen, by (thread, start of its read), as last diagnosed.
+    stalls: RefCell<BTreeMap<(u32, u64), stall::Stall>>,
 }
 
 /// Size of one sample in the ring (record + 8-byte header, 8-aligned).
@@ -125,23 +166,37 @@ impl Waterfall {
     /// Load and attach. `sample`: keep up to this many per-event records. `timeline`: with a
     /// `--timeline`, how many events it keeps (the first N, the N slowest per stage), chosen
     /// among every event; 0 without one.
-    pub fn start(sample: usize, timeline: usize) -> Result<Waterfall> {
+    /// `stall_after`: a read blocked longer is a stall.
+    pub fn start(sample: usize, timeline: usize, stall_after: Duration) -> Result<Waterfall> {
         let root = Path::new("/");
-        let (file_private_data, ev_queue) = btf_offsets(root)?;
+        let off = btf_offsets(root)?;
         let kernel = Kernel::at(root);
+        let [
+            rxe_cq_queue,
+            rxe_queue_buf,
+            buf_mask,
+            buf_producer,
+            buf_consumer,
+        ] = off.rxe;
         let cfg = WfConfig {
-            file_private_data,
-            ev_queue,
+            file_private_data: off.private,
+            ev_queue: off.ev_queue,
             waking_pid: need_offset(&kernel, "sched/sched_waking", "pid")?,
             waking_target_cpu: need_offset(&kernel, "sched/sched_waking", "target_cpu")?,
             switch_next_pid: need_offset(&kernel, "sched/sched_switch", "next_pid")?,
-            _pad: 0,
+            cq_res_id: off.cq_res_id,
             // With a timeline every event goes through the ring (drained at each refresh).
             sample_max: if timeline > 0 {
                 u64::MAX
             } else {
                 sample as u64
             },
+            rxe_cq_queue,
+            rxe_queue_buf,
+            buf_mask,
+            buf_producer,
+            buf_consumer,
+            _pad: 0,
         };
         let ncpu = aya::util::nr_cpus().map_err(|(_, e)| anyhow!("counting CPUs: {e}"))?;
         let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)
@@ -184,6 +239,8 @@ impl Waterfall {
             taken: RefCell::new(Vec::new()),
             sample_max: sample,
             selection: (timeline > 0).then(|| RefCell::new(selection::Selection::new(timeline))),
+            stall_after,
+            stalls: RefCell::new(BTreeMap::new()),
         };
         // Consumers before producers: a read seen without its handler only counts unmatched.
         let required: [(&'static str, &str, bool); 6] = [
@@ -463,10 +520,70 @@ impl Waterfall {
         Ok(out)
     }
 
+    /// The threads stalled now (see [`stall`]): each read in progress longer than
+    /// `--stall-after` on a channel that has delivered events, diagnosed from the stamps. Each
+    /// one is also kept for [`Self::stalls_seen`].
+    pub fn check_stalls(&self) -> Result<Vec<stall::Stall>> {
+        let map = |name: &str| {
+            self.ebpf
+                .map(name)
+                .with_context(|| format!("map {name} is not in the eBPF object"))
+        };
+        let readings: BpfHashMap<&MapData, u32, WfReading> =
+            BpfHashMap::try_from(map("WF_READING")?)?;
+        let queues: BpfHashMap<&MapData, u64, WfQueue> = BpfHashMap::try_from(map("WF_QUEUES")?)?;
+        let cqs: BpfHashMap<&MapData, u64, WfCq> = BpfHashMap::try_from(map("WF_CQ")?)?;
+        let wakes: BpfHashMap<&MapData, u32, WfWake> = BpfHashMap::try_from(map("WF_WAKE")?)?;
+        let now = monotonic_ns();
+        let after = u64::try_from(self.stall_after.as_nanos()).unwrap_or(u64::MAX);
+        let mut out = Vec::new();
+        // Entries may come and go while the map is walked: what fails to read is skipped.
+        for (tid, reading) in readings.iter().filter_map(Result::ok) {
+            let queue = queues.get(&reading.queue, 0).ok();
+            let e = stall::Evidence {
+                now,
+                tid,
+                reading,
+                queue,
+                cq: queue
+                    .map(|q| q.cq)
+                    .filter(|&c| c != 0)
+                    .and_then(|c| cqs.get(&c, 0).ok()),
+                wake: wakes.get(&tid, 0).ok(),
+            };
+            if !stall::is_stall(&e, after) {
+                continue;
+            }
+            // A thread that is gone is no stall (its read's return was missed).
+            let Ok(comm) =
+                std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", reading.tgid))
+            else {
+                continue;
+            };
+            let comm = comm.trim_end().to_owned();
+            let s = stall::diagnose(&e, reading.tgid, comm);
+            self.stalls
+                .borrow_mut()
+                .insert((tid, reading.since), s.clone());
+            out.push(s);
+        }
+        Ok(out)
+    }
+
+    /// Every stall seen since the last call (a phase), as last diagnosed, those still blocked
+    /// now included, in the order of their threads.
+    pub fn take_stalls(&self) -> Result<Vec<stall::Stall>> {
+        self.check_stalls()?;
+        Ok(std::mem::take(&mut *self.stalls.borrow_mut())
+            .into_values()
+            .collect())
+    }
+
     /// The live view's waterfall pane: every thread since `base`.
     pub fn view(&self, base: &Snapshot) -> Result<WaterfallView> {
         // Each refresh empties the sample ring, so that a timeline's ring never fills.
         self.drain();
+        let stalls = self.check_stalls()?;
         let now = self.snapshot()?.since(base);
         Ok(match now.merged() {
             Some(w) => WaterfallView {
@@ -486,8 +603,12 @@ impl Waterfall {
                     })
                     .collect(),
                 total_mean_ns: w.total_mean_ns,
+                stalls,
             },
-            None => WaterfallView::default(),
+            None => WaterfallView {
+                stalls,
+                ..WaterfallView::default()
+            },
         })
     }
 
@@ -566,11 +687,16 @@ pub fn mlx5_completion_irqs(interrupts: &[(u32, String)]) -> Vec<u32> {
 }
 
 /// The waterfall for `run`, or `None` with a line saying why not.
-pub fn start_or_explain(off: bool, sample: usize, timeline: usize) -> Option<Waterfall> {
+pub fn start_or_explain(
+    off: bool,
+    sample: usize,
+    timeline: usize,
+    stall_after: Duration,
+) -> Option<Waterfall> {
     if off {
         return None;
     }
-    match Waterfall::start(sample, timeline) {
+    match Waterfall::start(sample, timeline, stall_after) {
         Ok(w) => {
             // Its programs one a line with -v; one line otherwise.
             if crate::verbosity::level() > 0 {
@@ -674,6 +800,19 @@ pub struct WaterfallView {
     pub stages: Vec<(&'static str, f64, f64)>,
     /// Mean T1→T4 over every event.
     pub total_mean_ns: Option<f64>,
+    /// The threads stalled now.
+    pub stalls: Vec<stall::Stall>,
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

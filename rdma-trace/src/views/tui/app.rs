@@ -162,6 +162,11 @@ impl App {
         }
     }
 
+    /// The stall doctor's banner: the first thread stalled now, and its broken link.
+    pub fn stall_banner(&self) -> Option<String> {
+        crate::waterfall::stall::banner(&self.waterfall.as_ref()?.stalls)
+    }
+
     /// New data. While paused the probes and the overhead stay frozen; progress moves on.
     pub fn update(&mut self, s: Sample) {
         self.progress = s.progress;
@@ -313,8 +318,33 @@ pub(crate) mod tests {
                     ("on CPU → read", 10_000.0, 40_000.0),
                 ],
                 total_mean_ns: Some(45_000.0),
+                stalls: Vec::new(),
             }),
         }
+    }
+
+    /// `sample` with one thread stalled: the program did not re-arm its CQ.
+    pub fn stalled_sample() -> Sample {
+        let mut s = sample(&[("rxe_rcv", 4, false)]);
+        let stall = crate::waterfall::stall::Stall {
+            pid: 42,
+            tid: 43,
+            comm: "demo".into(),
+            channel: "0xe0".into(),
+            cq: Some("0xc0".into()),
+            cq_id: Some(3),
+            blocked_s: 2.5,
+            links: Vec::new(),
+            posts_since_arm: Some(2),
+            queued_unread: Some(0),
+            unpolled_at_wait: Some(0),
+            broken: "armed",
+            diagnosis: "the CQ was not armed again".into(),
+        };
+        if let Some(w) = s.waterfall.as_mut() {
+            w.stalls = vec![stall];
+        }
+        s
     }
 
     /// `sample` taken `ms` into the window.

@@ -30,13 +30,26 @@ pub fn value(unit: Unit, v: Option<f64>) -> String {
 }
 
 pub fn draw(f: &mut Frame, app: &App) {
-    let [header, body, footer] = Layout::vertical([
+    let banner = app.stall_banner();
+    let [header, stall, body, footer] = Layout::vertical([
         Constraint::Length(3),
+        Constraint::Length(u16::from(banner.is_some())),
         Constraint::Min(6),
         Constraint::Length(2),
     ])
     .areas(f.area());
     draw_header(f, header, app);
+    if let Some(b) = banner {
+        f.render_widget(
+            Paragraph::new(b).style(
+                Style::default()
+                    .fg(Color::White)
+                    .bg(Color::Red)
+                    .add_modifier(Modifier::BOLD),
+            ),
+            stall,
+        );
+    }
     let [left, right] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(body);
     // The table takes what its rows need (the attached probes, and one line for the skipped
@@ -419,6 +432,20 @@ mod tests {
                     + "\n"
             })
             .collect()
+    }
+
+    #[test]
+    fn a_stall_is_a_banner_under_the_header() {
+        let mut app = App::new("rdma-trace run");
+        app.update(crate::views::tui::app::tests::stalled_sample());
+        let s = screen(&app, 100, 30);
+        let line = s.lines().nth(3).unwrap_or_default();
+        assert!(
+            line.starts_with("STALL pid 42 (demo) tid 43 blocked 2.5 s: the CQ was not armed"),
+            "{s}"
+        );
+        app.update(sample(&[("rxe_rcv", 4, false)]));
+        assert!(!screen(&app, 100, 30).contains("STALL"));
     }
 
     #[test]

@@ -241,6 +241,9 @@ pub fn text_block(app: &App, interval: Duration) -> String {
         out.push_str(&format!(", ~{d}/{t} iterations"));
     }
     out.push_str("]\n");
+    if let Some(b) = app.stall_banner() {
+        out.push_str(&format!("  {b}\n"));
+    }
     for r in app
         .probes
         .iter()
@@ -417,6 +420,20 @@ mod tests {
             t.contains("waterfall: 400 events (200 woken), p50/p99 handler → wake-up 2.0us/8.0us"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn text_view_says_a_stall_under_its_header() {
+        let mut app = App::new("t");
+        app.update(crate::views::tui::app::tests::stalled_sample());
+        let t = text_block(&app, Duration::from_secs(1));
+        let second = t.lines().nth(1).unwrap_or_default();
+        assert_eq!(
+            second,
+            "  STALL pid 42 (demo) tid 43 blocked 2.5 s: the CQ was not armed again"
+        );
+        app.update(sample(&[("rxe_rcv", 4, false)]));
+        assert!(!text_block(&app, Duration::from_secs(1)).contains("STALL"));
     }
 
     struct Counter(u64, u64);
