@@ -139,10 +139,16 @@ pub fn check_privileges() -> Result<()> {
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .unwrap_or(0);
-    let tracefs_denied = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+    // Root-only where no mount point can be read and one refused us: a tracefs made readable
+    // at /sys/kernel/tracing serves even though /sys/kernel/debug (0700) refuses.
+    let tries: Vec<std::io::Result<()>> = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
         .iter()
-        .any(|root| {
-            std::fs::read_dir(root).is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
+        .map(|root| std::fs::read_dir(root).map(drop))
+        .collect();
+    let tracefs_denied = !tries.iter().any(Result::is_ok)
+        && tries.iter().any(|t| {
+            t.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
         });
     let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
         .ok()
