@@ -12,22 +12,11 @@ use std::{
 
 use super::{
     RDMA_TRACE, RestoreRxe, delete_testbed_devices, demo_processes,
-    harness::{KillOnDrop, rdma_trace, run_demo, run_json_with},
+    harness::{KillOnDrop, bpf_programs, eventually, rdma_trace, run_demo, run_json_with},
     try_wait_timeout,
 };
 
 pub use super::harness::kprobes_strict;
-
-/// (id, name) of every BPF program loaded in the kernel (BPF_PROG_GET_NEXT_ID through aya).
-/// Panics when the kernel does not let us list them.
-fn bpf_programs() -> Vec<(u32, String)> {
-    aya::programs::loaded_programs()
-        .map(|p| {
-            let p = p.unwrap_or_else(|e| panic!("listing the loaded BPF programs: {e}"));
-            (p.id(), p.name_as_str().unwrap_or("?").to_owned())
-        })
-        .collect()
-}
 
 /// Programs loaded now that were not in `baseline`.
 fn new_programs(baseline: &[(u32, String)]) -> Vec<(u32, String)> {
@@ -62,19 +51,6 @@ fn processes_named(name: &str) -> Vec<String> {
 
 fn rdmatrace0_exists() -> bool {
     Path::new("/sys/class/infiniband/rdmatrace0").exists()
-}
-
-/// Wait up to 10 s for `ok`; the kernel frees programs and kprobes of a dead process shortly
-/// after it is reaped.
-fn eventually(what: &str, mut ok: impl FnMut() -> Option<String>) {
-    let start = Instant::now();
-    loop {
-        let Some(problem) = ok() else { return };
-        if start.elapsed() > Duration::from_secs(10) {
-            panic!("{what}: {problem}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Whether process `pid` catches `sig` now (SigCgt in /proc/PID/status).

@@ -9,6 +9,7 @@ use std::{
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
     process::{Child, ChildStderr, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
 };
 
 use serde_json::Value;
@@ -47,6 +48,37 @@ pub fn kprobes_strict() -> String {
         .or_else(|_| std::fs::read_to_string("/sys/kernel/debug/tracing/kprobe_events"))
         .unwrap_or_else(|e| panic!("cannot read kprobe_events ({e})"));
     list + &events
+}
+
+/// (id, name) of every BPF program loaded in the kernel (BPF_PROG_GET_NEXT_ID through aya). A
+/// program freed between its id and its fd (ENOENT: the kernel frees programs after an RCU grace
+/// period, so a closed run's programs can vanish mid-listing) is gone and not listed. Panics on
+/// any other error: an unreadable list must not pass as an empty one.
+pub fn bpf_programs() -> Vec<(u32, String)> {
+    aya::programs::loaded_programs()
+        .filter_map(|p| match p {
+            Ok(p) => Some((p.id(), p.name_as_str().unwrap_or("?").to_owned())),
+            Err(aya::programs::ProgramError::SyscallError(e))
+                if e.io_error.kind() == std::io::ErrorKind::NotFound =>
+            {
+                None
+            }
+            Err(e) => panic!("listing the loaded BPF programs: {e}"),
+        })
+        .collect()
+}
+
+/// Waits up to 10 s for `problem` to return None (the kernel releases detached programs and
+/// kprobes asynchronously); panics with `what` and the last problem otherwise.
+pub fn eventually(what: &str, mut problem: impl FnMut() -> Option<String>) {
+    let start = Instant::now();
+    loop {
+        let Some(p) = problem() else { return };
+        if start.elapsed() > Duration::from_secs(10) {
+            panic!("{what}: {p}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The running processes named rdma-demo (or rdma-demo:PHASE, as its threads rename themselves).
