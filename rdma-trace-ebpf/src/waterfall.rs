@@ -135,32 +135,14 @@ fn tid() -> u32 {
 /// last handler call) raised the event: T0.
 #[kprobe]
 pub fn wf_rxe_cq_post(ctx: ProbeContext) -> u32 {
-    let cq: u64 = ctx.arg(0).unwrap_or(0);
-    if cq == 0 {
-        return 0;
-    }
     let t = now();
-    if let Some(c) = WF_CQ.get_ptr_mut(cq) {
-        // SAFETY: a hash map value; rxe posts a CQ's CQEs under its lock. An arm or handler
-        // call on another CPU may race these plain stores: they are stamps, not counts of
-        // record.
-        let c = unsafe { &mut *c };
+    if let Some(c) = cq_stamps(&ctx) {
         if c.t0 == 0 {
             c.t0 = t;
         }
         c.posted_at = t;
         c.posts_since_arm += 1;
         c.posts_since_handler += 1;
-    } else {
-        let c = WfCq {
-            t0: t,
-            posted_at: t,
-            posts_since_arm: 1,
-            posts_since_handler: 1,
-            res_id: res_id(cq),
-            ..WfCq::default()
-        };
-        let _ = WF_CQ.insert(cq, c, 0);
     }
     0
 }
@@ -168,26 +150,35 @@ pub fn wf_rxe_cq_post(ctx: ProbeContext) -> u32 {
 /// rxe_req_notify_cq(ibcq, flags): the CQ is armed; the next CQE posted raises the event.
 #[kprobe]
 pub fn wf_rxe_arm(ctx: ProbeContext) -> u32 {
-    let cq: u64 = ctx.arg(0).unwrap_or(0);
-    if cq == 0 {
-        return 0;
-    }
     let t = now();
-    if let Some(c) = WF_CQ.get_ptr_mut(cq) {
-        // SAFETY: a hash map value; see `wf_rxe_cq_post`.
-        let c = unsafe { &mut *c };
+    if let Some(c) = cq_stamps(&ctx) {
         c.t0 = 0;
         c.armed_at = t;
         c.posts_since_arm = 0;
-    } else {
-        let c = WfCq {
-            armed_at: t,
+    }
+    0
+}
+
+/// The stamps of the CQ in the probed function's first argument (a `struct ib_cq *`, or rxe's
+/// `struct rxe_cq *`, which begins with its `ib_cq`: one key for both), created with its restrack id when the CQ is first seen. rxe
+/// posts a CQ's CQEs under its lock; an arm or a handler call on another CPU may race these
+/// plain stores: they are stamps, not counts of record.
+#[inline(always)]
+fn cq_stamps(ctx: &ProbeContext) -> Option<&'static mut WfCq> {
+    let cq: u64 = ctx.arg(0).unwrap_or(0);
+    if cq == 0 {
+        return None;
+    }
+    if WF_CQ.get_ptr_mut(cq).is_none() {
+        let fresh = WfCq {
             res_id: res_id(cq),
             ..WfCq::default()
         };
-        let _ = WF_CQ.insert(cq, c, 0);
+        // BPF_NOEXIST: a CQ first seen on two CPUs at once keeps the first one's stamps.
+        let _ = WF_CQ.insert(cq, fresh, BPF_NOEXIST);
     }
-    0
+    // SAFETY: a hash map value, valid while the program runs; see above for the races.
+    WF_CQ.get_ptr_mut(cq).map(|c| unsafe { &mut *c })
 }
 
 /// The restrack id of `struct ib_cq` at `cq` (once per CQ, when it is first seen).
@@ -254,7 +245,7 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
     let queue: u64 = ctx.arg(1).unwrap_or(0);
     let mut t0 = match WF_CQ.get_ptr_mut(cq) {
         Some(c) => {
-            // SAFETY: a hash map value; see `wf_rxe_cq_post`.
+            // SAFETY: a hash map value; see `cq_stamps`.
             let c = unsafe { &mut *c };
             c.handler_at = t1;
             c.posts_since_handler = 0;

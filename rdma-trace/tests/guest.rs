@@ -13,8 +13,9 @@ use std::{
 use serde_json::Value;
 
 use harness::{
-    KillOnDrop, attached, count, demo_cq_events, demo_processes, find_by, loopback_pingpong, probe,
-    rdma_trace, read_json, run_demo, run_json_with, signal, stderr_until, temp_json,
+    KillOnDrop, assert_events_match_demo, attached, count, demo_cq_events, demo_processes, find_by,
+    loopback_pingpong, probe, rdma_trace, read_json, run_demo, run_json_with, signal, stderr_until,
+    temp_json,
 };
 
 const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
@@ -217,22 +218,7 @@ fn run_both_modes_between_rxe0_and_rxe1() {
     assert_eq!(report["load"]["demo"]["server_device"], "rxe0");
     assert_eq!(report["load"]["demo"]["client_device"], "rxe1");
     let (poll, event) = (&report["phases"][0], &report["phases"][1]);
-    assert_eq!(poll["mode"], "poll");
-    assert_eq!(event["mode"], "event");
-    // The defining difference: completion events only in event mode.
-    assert_eq!(count(poll, "ib_uverbs_comp_handler"), 0);
-    let comp = count(event, "ib_uverbs_comp_handler");
-    // Every CQ event the demo took (both sides) was queued by one ib_uverbs_comp_handler call.
-    let cq_events = demo_cq_events(&event["demo"]);
-    assert!(
-        cq_events >= iters,
-        "{cq_events} CQ events for {iters} iterations"
-    );
-    // kprobes can miss a few hits when another kprobe handler runs on that CPU (nmissed).
-    assert!(
-        comp + cq_events / 100 + 2 >= cq_events && comp <= cq_events + cq_events / 20 + 4,
-        "ib_uverbs_comp_handler ran {comp} times for {cq_events} CQ events taken by the demo"
-    );
+    assert_events_match_demo(poll, event, iters);
     assert_eq!(probe(event, "ib_uverbs_comp_handler")["attach"], "kprobe");
     assert!(count(event, "wakeup") > 0);
     for phase in [poll, event] {

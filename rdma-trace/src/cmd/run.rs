@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::{
     load::workload::Target,
     model::budget::{self, Preset},
-    run::config::{Load, Mode, RunConfig},
+    run::config::{DemoLoad, Load, Mode, RunConfig},
 };
 
 #[derive(clap::Args, Debug)]
@@ -125,7 +125,14 @@ impl Args {
         } else if self.all {
             Load::Workload(Target::All)
         } else {
-            Load::Demo
+            Load::Demo(DemoLoad {
+                mode: self.mode,
+                iterations: self.iterations,
+                size: self.size,
+                device: self.device.clone(),
+                server_device: self.server_device.clone(),
+                binary: self.demo.clone(),
+            })
         };
         RunConfig {
             load,
@@ -145,12 +152,6 @@ impl Args {
             timeline: self.timeline.clone(),
             timeline_sample: self.timeline_sample,
             timeline_max_events: self.timeline_max_events,
-            mode: self.mode,
-            iterations: self.iterations,
-            size: self.size,
-            device: self.device.clone(),
-            server_device: self.server_device.clone(),
-            demo: self.demo.clone(),
         }
     }
 }

@@ -24,10 +24,23 @@ pub enum Mode {
 /// What generates the completions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Load {
-    /// The bundled rdma-demo ping-pong, in [`RunConfig::mode`].
-    Demo,
+    /// The bundled rdma-demo ping-pong.
+    Demo(DemoLoad),
     /// A command, running processes, or the whole system.
     Workload(Target),
+}
+
+/// The bundled demo's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DemoLoad {
+    pub mode: Mode,
+    pub iterations: u32,
+    pub size: u32,
+    /// The client's device (and the server's, without `server_device`).
+    pub device: Option<String>,
+    pub server_device: Option<String>,
+    /// The rdma-demo binary.
+    pub binary: Option<PathBuf>,
 }
 
 /// What comes after the default report.
@@ -69,14 +82,6 @@ pub struct RunConfig {
     pub timeline: Option<PathBuf>,
     pub timeline_sample: u32,
     pub timeline_max_events: u32,
-    // The demo (with [`Load::Demo`]).
-    pub mode: Mode,
-    pub iterations: u32,
-    pub size: u32,
-    pub device: Option<String>,
-    pub server_device: Option<String>,
-    /// The rdma-demo binary.
-    pub demo: Option<PathBuf>,
 }
 
 impl RunConfig {
@@ -129,7 +134,7 @@ pub mod tests {
     /// A demo run's configuration with the command line's defaults.
     pub fn config() -> RunConfig {
         RunConfig {
-            load: Load::Demo,
+            load: Load::Demo(demo()),
             duration: None,
             json: None,
             no_tui: true,
@@ -146,12 +151,18 @@ pub mod tests {
             timeline: None,
             timeline_sample: 20,
             timeline_max_events: 100_000,
+        }
+    }
+
+    /// The demo with the command line's defaults.
+    pub fn demo() -> DemoLoad {
+        DemoLoad {
             mode: Mode::Event,
             iterations: 10,
             size: 64,
             device: None,
             server_device: None,
-            demo: None,
+            binary: None,
         }
     }
 }

@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result, anyhow};
 
 use super::{
     attach::{Attached, attach},
-    config::{Mode, RunConfig},
+    config::{DemoLoad, Mode, RunConfig},
     render,
     report::{LoadInfo, Phase, RunReport, completion_mode},
 };
@@ -42,7 +42,7 @@ use crate::{
 const DEMO_DIR_PREFIX: &str = "rdma-trace-";
 
 /// A failing demo is an error (`DemoFailed`, exit 11), a stop signal too (`Stopped`).
-pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
+pub async fn run(args: &RunConfig, spec: &DemoLoad) -> Result<Option<i32>> {
     let timeline_file = super::timeline::open(args)?;
     check_privileges()?;
     // The object loaders (the probes', and the waterfall's) parse the kernel's BTF while the
@@ -64,8 +64,8 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
     // Soft-RoCE available: a temporary rxe device, removed on the way out.
     let temp_rxe = softroce::prepare(&kernel.rdma_devices())?;
     let devices = softroce::usable(kernel.rdma_devices(), temp_rxe.as_ref());
-    let (server, client) = pick_devices(&devices, args)?;
-    let demo = crate::load::demo::binary(args.demo.as_deref())?;
+    let (server, client) = pick_devices(&devices, spec)?;
+    let demo = crate::load::demo::binary(spec.binary.as_deref())?;
     crate::startup::step("checks and devices");
     let extra = demo_extra(timeline_file.is_some());
     let Attached {
@@ -79,7 +79,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         "rdma-trace: server {server}, client {client}; probes:\n{}",
         session.attach_table()
     );
-    let load = LoadInfo::demo(args, &server, &client);
+    let load = LoadInfo::demo(spec, &server, &client);
     let report_text = render::Text {
         load: &load,
         kernel: kernel.release(),
@@ -91,7 +91,7 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         calibration: calibration.as_ref(),
     };
 
-    let modes: &[Mode] = match args.mode {
+    let modes: &[Mode] = match spec.mode {
         Mode::Both => &[Mode::Poll, Mode::Event],
         Mode::Poll => &[Mode::Poll],
         Mode::Event => &[Mode::Event],
@@ -108,12 +108,20 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         let mut src = RunSource::new(
             &mut session,
             format!("{mode:?} mode, {server} ↔ {client}"),
-            args.iterations,
+            spec.iterations,
             budget,
             wf.as_ref().zip(wf_before.clone()),
         )?;
-        let (window, demo_json, demo_out) =
-            run_demo(&demo, mode, &server, &client, args, &mut live, &mut src).await?;
+        let (window, demo_json, demo_out) = run_demo(
+            &demo,
+            mode,
+            (&server, &client),
+            spec,
+            args,
+            &mut live,
+            &mut src,
+        )
+        .await?;
         let after = src.session.snapshot()?;
         let (wf_window, stalls) =
             super::report::waterfall_window(wf.as_ref().zip(wf_before.as_ref()))?;
@@ -123,9 +131,9 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         // A demo that ran to its end did all its iterations; a stopped one as many as rxe
         // completed.
         let round_trips = if window.command_status == Some(0) {
-            u64::from(args.iterations)
+            u64::from(spec.iterations)
         } else {
-            src.round_trips(&data).unwrap_or(u64::from(args.iterations))
+            src.round_trips(&data).unwrap_or(u64::from(spec.iterations))
         };
         let rtt_us = demo_round_trip_us(&demo_json)
             .unwrap_or(window.seconds * 1e6 / round_trips.max(1) as f64);
@@ -154,15 +162,15 @@ pub async fn run(args: &RunConfig) -> Result<Option<i32>> {
         };
         let title = format!(
             "mode {mode:?}: {} iterations of {}, {server} ↔ {client}",
-            args.iterations,
-            render::size_label(args.size)
+            spec.iterations,
+            render::size_label(spec.size)
         );
         let load_text = format!(
             "--- rdma-demo ---\n{}\n",
             if window.ended_by == "duration" {
                 format!(
                     "stopped after --duration ({:.1} s), before its {} iterations were done",
-                    window.seconds, args.iterations
+                    window.seconds, spec.iterations
                 )
             } else {
                 demo_out.stdout.trim_end().to_owned()
@@ -260,7 +268,7 @@ fn demo_extra(timeline: bool) -> Extra {
 }
 
 /// (server, client) devices.
-fn pick_devices(devices: &[RdmaDevice], args: &RunConfig) -> Result<(String, String)> {
+fn pick_devices(devices: &[RdmaDevice], spec: &DemoLoad) -> Result<(String, String)> {
     if devices.is_empty() {
         let rxe = Path::new("/sys/module/rdma_rxe").exists();
         return Err(anyhow!(Unsupported(format!(
@@ -281,14 +289,14 @@ fn pick_devices(devices: &[RdmaDevice], args: &RunConfig) -> Result<(String, Str
         }
     };
     let pair = names.contains(&"rxe0") && names.contains(&"rxe1");
-    let client = match &args.device {
+    let client = match &spec.device {
         Some(d) => check(d)?,
         None if pair => "rxe1".to_owned(),
         None => names[0].to_owned(),
     };
-    let server = match &args.server_device {
+    let server = match &spec.server_device {
         Some(d) => check(d)?,
-        None if pair && args.device.is_none() => "rxe0".to_owned(),
+        None if pair && spec.device.is_none() => "rxe0".to_owned(),
         None => client.clone(),
     };
     Ok((server, client))
@@ -302,8 +310,8 @@ struct DemoOutput {
 async fn run_demo(
     demo: &Path,
     mode: Mode,
-    server: &str,
-    client: &str,
+    (server, client): (&str, &str),
+    spec: &DemoLoad,
     args: &RunConfig,
     live: &mut Live,
     src: &mut RunSource<'_>,
@@ -321,9 +329,9 @@ async fn run_demo(
             "--mode",
             mode_arg,
             "--iterations",
-            &args.iterations.to_string(),
+            &spec.iterations.to_string(),
             "--size",
-            &args.size.to_string(),
+            &spec.size.to_string(),
         ])
         .args(demo_stamps(args.sample))
         .arg("--json")
@@ -612,11 +620,11 @@ fn compare(poll: &Phase, event: &Phase) -> String {
 mod tests {
     use super::*;
 
-    fn args(device: Option<&str>, server: Option<&str>) -> RunConfig {
-        RunConfig {
+    fn args(device: Option<&str>, server: Option<&str>) -> DemoLoad {
+        DemoLoad {
             device: device.map(str::to_owned),
             server_device: server.map(str::to_owned),
-            ..crate::run::config::tests::config()
+            ..crate::run::config::tests::demo()
         }
     }
 

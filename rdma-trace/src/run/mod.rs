@@ -28,7 +28,7 @@ use self::config::{Load, RunConfig};
 /// Runs the pipeline for `config`'s load. `Some(status)`: exit with the command's status.
 pub async fn run(config: &RunConfig) -> Result<Option<i32>> {
     match &config.load {
-        Load::Demo => demo::run(config).await,
+        Load::Demo(demo) => demo::run(config, demo).await,
         Load::Workload(target) => workload::run(config, target.clone()).await,
     }
 }

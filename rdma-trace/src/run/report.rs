@@ -9,7 +9,7 @@ use std::{borrow::Cow, collections::BTreeMap};
 
 use serde::Serialize;
 
-use super::config::{Mode, RunConfig};
+use super::config::{DemoLoad, Mode, RunConfig};
 use crate::{
     bpf::calibrate::Calibration,
     load::workload::Target,
@@ -71,7 +71,7 @@ pub struct DemoInfo {
 
 impl LoadInfo {
     /// The demo between `server` and `client`.
-    pub fn demo(config: &RunConfig, server: &str, client: &str) -> Self {
+    pub fn demo(demo: &DemoLoad, server: &str, client: &str) -> Self {
         Self {
             kind: "demo",
             label: format!("rdma-demo pingpong, {server} ↔ {client}"),
@@ -79,8 +79,8 @@ impl LoadInfo {
             demo: Some(DemoInfo {
                 server_device: server.to_owned(),
                 client_device: client.to_owned(),
-                iterations: config.iterations,
-                size: config.size,
+                iterations: demo.iterations,
+                size: demo.size,
             }),
         }
     }
@@ -230,10 +230,11 @@ mod tests {
             load,
             ..crate::run::config::tests::config()
         };
+        let demo_load = crate::run::config::tests::demo();
         let demo = RunReport::new(
-            &config(Load::Demo),
+            &config(Load::Demo(demo_load.clone())),
             Some("6.1".into()),
-            LoadInfo::demo(&config(Load::Demo), "rxe0", "rxe1"),
+            LoadInfo::demo(&demo_load, "rxe0", "rxe1"),
         );
         let target = Target::Command(vec!["ib_send_lat".into(), "-e".into()]);
         let cmd = RunReport::new(

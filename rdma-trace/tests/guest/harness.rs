@@ -245,6 +245,28 @@ pub fn demo_cq_events(demo: &Value) -> u64 {
         .sum()
 }
 
+/// The poll and event phases of a `run --mode both` report of `iters` iterations: completion
+/// events only in event mode, and ib_uverbs_comp_handler ran once for each CQ event the demo
+/// took on both sides (the demo's own count is the truth), give or take the few hits kprobes
+/// miss when another kprobe handler runs on that CPU (nmissed).
+pub fn assert_events_match_demo(poll: &Value, event: &Value, iters: u64) {
+    assert_eq!(
+        (poll["mode"].as_str(), event["mode"].as_str()),
+        (Some("poll"), Some("event"))
+    );
+    assert_eq!(count(poll, "ib_uverbs_comp_handler"), 0);
+    let comp = count(event, "ib_uverbs_comp_handler");
+    let cq_events = demo_cq_events(&event["demo"]);
+    assert!(
+        cq_events >= iters,
+        "{cq_events} CQ events for {iters} iterations"
+    );
+    assert!(
+        comp + cq_events / 100 + 2 >= cq_events && comp <= cq_events + cq_events / 20 + 4,
+        "ib_uverbs_comp_handler ran {comp} times for {cq_events} CQ events taken by the demo"
+    );
+}
+
 /// Reads the piped stderr of a spawned rdma-trace until a line starts with `prefix` (it says
 /// it has started); returns what it read, that line included, and the rest of the stream.
 pub fn stderr_until(child: &mut Child, prefix: &str) -> (String, BufReader<ChildStderr>) {
