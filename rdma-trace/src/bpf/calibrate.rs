@@ -171,13 +171,17 @@ pub fn run(ebpf: &mut Ebpf, with_fentry: bool) -> Calibration {
                     setup_ms: setup.as_secs_f64() * 1e3,
                 }
             }
-            Err(e) => MechanismCost {
-                mechanism,
-                ns_per_hit: None,
-                empty_body_ns: None,
-                unavailable: Some(format!("{e:#}")),
-                setup_ms: setup.as_secs_f64() * 1e3,
-            },
+            Err(e) => {
+                // A program loaded before its attach failed: unloaded, for the next round.
+                unload(ebpf, prog);
+                MechanismCost {
+                    mechanism,
+                    ns_per_hit: None,
+                    empty_body_ns: None,
+                    unavailable: Some(format!("{e:#}")),
+                    setup_ms: setup.as_secs_f64() * 1e3,
+                }
+            }
         };
         mechanisms.push(cost);
     }

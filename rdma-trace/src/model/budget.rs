@@ -27,42 +27,8 @@ pub fn parse_percent(s: &str) -> Result<f64, String> {
 /// `--probes`, whose rows the probe table names (`kernel::probes`).
 pub use crate::kernel::probes::Preset;
 
-/// The attach mechanism of one of our programs, from its name in the eBPF object: `kprobe`,
-/// `kretprobe`, `fentry` (fexit too), `uprobe` (uretprobe too), `tracepoint` (the perf-event
-/// form) or `raw_tp`. The waterfall's programs are priced by what each really is: kprobes,
-/// kretprobes, tracepoints and one raw tracepoint (`rdma-trace-ebpf/src/waterfall.rs`); a test
-/// checks every program of the object against its ELF section.
-pub fn mechanism_of(program: &str) -> &'static str {
-    const KRETPROBES: &[&str] = &["wf_handler_return", "wf_read_return"];
-    const TRACEPOINTS: &[&str] = &["wf_sched_switch", "wf_sched_waking", "task_newtask"];
-    const RAW_TPS: &[&str] = &["wf_mlx5_irq"];
-    // The calibration's empty programs are named after their mechanism.
-    if let Some(m) = program.strip_prefix("cal_") {
-        return match m {
-            "kprobe" => "kprobe",
-            "kretprobe" => "kretprobe",
-            "tracepoint" => "tracepoint",
-            "fentry" => "fentry",
-            _ => "raw_tp",
-        };
-    }
-    if program.starts_with("kentry_") || program.starts_with("cq_") {
-        "kprobe"
-    } else if program.starts_with("kreturn_") || KRETPROBES.contains(&program) {
-        "kretprobe"
-    } else if program.starts_with("fentry_") || program.starts_with("fexit_") {
-        "fentry"
-    } else if program.starts_with("uentry") || program.starts_with("ureturn") {
-        "uprobe"
-    } else if TRACEPOINTS.contains(&program) {
-        "tracepoint"
-    } else if program.starts_with("wf_") && !RAW_TPS.contains(&program) {
-        // The waterfall's other programs are kprobes on the completion path.
-        "kprobe"
-    } else {
-        "raw_tp"
-    }
-}
+/// The attach mechanism of a program (kept with the overhead model it feeds).
+pub use crate::model::overhead::mechanism_of;
 
 /// What one program cost over a window.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -318,17 +284,14 @@ mod tests {
     }
 
     fn prog(name: &str, target: &str, runs: u64, run_ns: u64) -> ProgramOverhead {
-        ProgramOverhead {
-            counts: crate::bpf::stats::ProgramStat {
-                name: name.into(),
-                target: target.into(),
-                runs,
-                run_ns,
-                recursion_misses: None,
-                kprobe_misses: None,
-            },
-            ns_per_run: None,
-        }
+        ProgramOverhead::new(crate::bpf::stats::ProgramStat {
+            name: name.into(),
+            target: target.into(),
+            runs,
+            run_ns,
+            recursion_misses: None,
+            kprobe_misses: None,
+        })
     }
 
     fn cal() -> Calibration {
