@@ -4,8 +4,10 @@
 //! bodies do nothing on purpose: the difference is the mechanism itself.
 
 use aya_ebpf::{
-    macros::{fentry, kprobe, kretprobe, raw_tracepoint},
-    programs::{FEntryContext, ProbeContext, RawTracePointContext, RetProbeContext},
+    macros::{fentry, kprobe, kretprobe, raw_tracepoint, tracepoint},
+    programs::{
+        FEntryContext, ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext,
+    },
 };
 
 #[kprobe(function = "__x64_sys_umask")]
@@ -20,6 +22,13 @@ pub fn cal_kretprobe(_ctx: RetProbeContext) -> u32 {
 
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn cal_raw_tp(_ctx: RawTracePointContext) -> i32 {
+    0
+}
+
+/// The perf-event form of the same tracepoint as `cal_raw_tp` (the waterfall's
+/// `sched_waking` and `sched_switch` programs use this form).
+#[tracepoint]
+pub fn cal_tracepoint(_ctx: TracePointContext) -> u32 {
     0
 }
 

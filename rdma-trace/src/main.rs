@@ -171,6 +171,9 @@ enum Cmd {
     /// Write a man page per subcommand into a directory (used by `cargo xtask man`).
     #[command(hide = true)]
     Man(cmd::completions::ManArgs),
+    /// Each attach mechanism's cost per hit, over rounds (used by `cargo xtask bench host-model`).
+    #[command(hide = true)]
+    Calibrate(cmd::calibrate::Args),
 }
 
 fn main() -> ExitCode {
@@ -230,6 +233,7 @@ fn main() -> ExitCode {
             Cmd::Verify(a) => cmd::verify::run(a).await,
             Cmd::Export(a) => cmd::export::run(a).await.map(|()| None),
             Cmd::Probes(a) => cmd::probes::run(a).await.map(|()| None),
+            Cmd::Calibrate(a) => cmd::calibrate::run(a).map(|()| None),
             Cmd::Completions(_) | Cmd::Man(_) => Ok(None),
         }
     });

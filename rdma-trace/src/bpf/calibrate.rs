@@ -1,8 +1,8 @@
 //! Start-up calibration: what each attach mechanism costs on this kernel, per hit.
 //!
-//! For each mechanism (kprobe, kretprobe, raw tracepoint, fentry) an empty program of the eBPF
-//! object (`rdma-trace-ebpf/src/calibrate.rs`) is attached to the umask path
-//! (`__x64_sys_umask`, or the `sys_enter` raw tracepoint), and this thread calls umask
+//! For each mechanism (kprobe, kretprobe, raw tracepoint, tracepoint, fentry) an empty program of
+//! the eBPF object (`rdma-trace-ebpf/src/calibrate.rs`) is attached to the umask path
+//! (`__x64_sys_umask`, or the `sys_enter` tracepoint, raw or perf-event), and this thread calls umask
 //! [`CALLS`] times. The loop is timed with and without the probe (the best of [`REPS`] each,
 //! alternated); the difference per call is the mechanism's cost, its empty body included. The
 //! BPF run-time statistics of the empty program give the body's own time, so that
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
-    programs::{FEntry, KProbe, RawTracePoint},
+    programs::{FEntry, KProbe, RawTracePoint, TracePoint},
 };
 use serde::Serialize;
 
@@ -34,7 +34,7 @@ const FUNCTION: &str = "__x64_sys_umask";
 /// What one mechanism costs per hit, or why it could not be measured.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MechanismCost {
-    /// `kprobe`, `kretprobe`, `raw_tp`, `fentry`.
+    /// `kprobe`, `kretprobe`, `raw_tp`, `tracepoint`, `fentry`.
     pub mechanism: &'static str,
     /// Wall-clock ns a hit adds to the traced call, an empty body included.
     pub ns_per_hit: Option<f64>,
@@ -142,6 +142,7 @@ pub fn run(ebpf: &mut Ebpf, with_fentry: bool) -> Calibration {
         ("kprobe", "cal_kprobe"),
         ("kretprobe", "cal_kretprobe"),
         ("raw_tp", "cal_raw_tp"),
+        ("tracepoint", "cal_tracepoint"),
         ("fentry", "cal_fentry"),
     ] {
         let t0 = Instant::now();
@@ -170,13 +171,17 @@ pub fn run(ebpf: &mut Ebpf, with_fentry: bool) -> Calibration {
                     setup_ms: setup.as_secs_f64() * 1e3,
                 }
             }
-            Err(e) => MechanismCost {
-                mechanism,
-                ns_per_hit: None,
-                empty_body_ns: None,
-                unavailable: Some(format!("{e:#}")),
-                setup_ms: setup.as_secs_f64() * 1e3,
-            },
+            Err(e) => {
+                // A program loaded before its attach failed: unloaded, for the next round.
+                unload(ebpf, prog);
+                MechanismCost {
+                    mechanism,
+                    ns_per_hit: None,
+                    empty_body_ns: None,
+                    unavailable: Some(format!("{e:#}")),
+                    setup_ms: setup.as_secs_f64() * 1e3,
+                }
+            }
         };
         mechanisms.push(cost);
     }
@@ -207,6 +212,14 @@ fn attach(ebpf: &mut Ebpf, mechanism: &str, prog: &str) -> Result<()> {
             p.attach("sys_enter")
                 .map_err(|e| anyhow!("attaching {prog} to sys_enter: {}", chain(&e)))?;
         }
+        "tracepoint" => {
+            let p: &mut TracePoint = p.try_into().map_err(|e| anyhow!("{prog}: {}", chain(&e)))?;
+            p.load()
+                .map_err(|e| anyhow!("loading {prog}: {}", chain(&e)))?;
+            p.attach("raw_syscalls", "sys_enter").map_err(|e| {
+                anyhow!("attaching {prog} to raw_syscalls/sys_enter: {}", chain(&e))
+            })?;
+        }
         _ => {
             let btf = crate::bpf::loader::kernel_btf()?;
             let p: &mut FEntry = p.try_into().map_err(|e| anyhow!("{prog}: {}", chain(&e)))?;
@@ -228,6 +241,7 @@ fn unload(ebpf: &mut Ebpf, prog: &str) {
     let _ = match p {
         Program::KProbe(p) => p.unload(),
         Program::RawTracePoint(p) => p.unload(),
+        Program::TracePoint(p) => p.unload(),
         Program::FEntry(p) => p.unload(),
         _ => Ok(()),
     };

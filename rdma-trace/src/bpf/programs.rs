@@ -4,17 +4,33 @@
 //! (`MAX_KSLOTS`, `CQ_FUNCTIONS`) by hand in the eBPF crate: this test is what catches a line
 //! added or removed on one side only.
 
+/// Every program of the embedded object with the family of its ELF section (`kprobe`,
+/// `tracepoint`, `raw_tp`, ...), for the tests that check names against mechanisms.
+#[cfg(test)]
+pub(crate) fn object_program_sections() -> std::collections::BTreeMap<String, String> {
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _, SymbolKind};
+    let file =
+        object::File::parse(crate::bpf::loader::OBJECT).expect("the embedded eBPF object parses");
+    file.symbols()
+        .filter(|s| s.kind() == SymbolKind::Text && s.is_global())
+        .filter_map(|s| {
+            let section = file.section_by_index(s.section_index()?).ok()?;
+            let family = section.name().ok()?.split('/').next()?.to_owned();
+            tests::PROGRAM_SECTIONS
+                .contains(&family.as_str())
+                .then(|| (s.name().expect("symbol name").to_owned(), family))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
 
-    use object::{Object as _, ObjectSection as _, ObjectSymbol as _, SymbolKind};
     use rdma_trace_common::{MAX_KSLOTS, cq::CQ_FUNCTIONS};
 
-    use crate::bpf::loader::OBJECT;
-
     /// Section prefixes of BPF programs (aya's naming).
-    const PROGRAM_SECTIONS: &[&str] = &[
+    pub(super) const PROGRAM_SECTIONS: &[&str] = &[
         "kprobe",
         "kretprobe",
         "fentry",
@@ -41,6 +57,7 @@ mod tests {
         ("cal_kprobe", "calibrate.rs"),
         ("cal_kretprobe", "calibrate.rs"),
         ("cal_raw_tp", "calibrate.rs"),
+        ("cal_tracepoint", "calibrate.rs"),
         ("cal_fentry", "calibrate.rs"),
         ("proc_exec", "workload.rs"),
         ("proc_exit", "workload.rs"),
@@ -60,22 +77,7 @@ mod tests {
 
     /// Names of the program symbols in the embedded object.
     fn object_programs() -> BTreeSet<String> {
-        let file = object::File::parse(OBJECT).expect("the embedded eBPF object parses");
-        file.symbols()
-            .filter(|s| s.kind() == SymbolKind::Text && s.is_global())
-            .filter(|s| {
-                let Some(index) = s.section_index() else {
-                    return false;
-                };
-                let Ok(section) = file.section_by_index(index) else {
-                    return false;
-                };
-                let name = section.name().unwrap_or_default();
-                let family = name.split('/').next().unwrap_or_default();
-                PROGRAM_SECTIONS.contains(&family)
-            })
-            .map(|s| s.name().expect("symbol name").to_owned())
-            .collect()
+        super::object_program_sections().into_keys().collect()
     }
 
     /// What the loader can attach: the numbered families from their constants, plus the

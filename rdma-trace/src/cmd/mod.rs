@@ -1,5 +1,6 @@
 //! One module per subcommand; shared plumbing here.
 
+pub mod calibrate;
 pub mod completions;
 pub mod cq;
 pub mod export;

@@ -27,20 +27,8 @@ pub fn parse_percent(s: &str) -> Result<f64, String> {
 /// `--probes`, whose rows the probe table names (`kernel::probes`).
 pub use crate::kernel::probes::Preset;
 
-/// The attach mechanism of one of our programs, from its name in the eBPF object.
-pub fn mechanism_of(program: &str) -> &'static str {
-    if program.starts_with("kentry_") {
-        "kprobe"
-    } else if program.starts_with("kreturn_") {
-        "kretprobe"
-    } else if program.starts_with("fentry_") || program.starts_with("fexit_") {
-        "fentry"
-    } else if program.starts_with("uentry") || program.starts_with("ureturn") {
-        "uprobe"
-    } else {
-        "raw_tp"
-    }
-}
+/// The attach mechanism of a program (kept with the overhead model it feeds).
+pub use crate::model::overhead::mechanism_of;
 
 /// What one program cost over a window.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -296,17 +284,14 @@ mod tests {
     }
 
     fn prog(name: &str, target: &str, runs: u64, run_ns: u64) -> ProgramOverhead {
-        ProgramOverhead {
-            counts: crate::bpf::stats::ProgramStat {
-                name: name.into(),
-                target: target.into(),
-                runs,
-                run_ns,
-                recursion_misses: None,
-                kprobe_misses: None,
-            },
-            ns_per_run: None,
-        }
+        ProgramOverhead::new(crate::bpf::stats::ProgramStat {
+            name: name.into(),
+            target: target.into(),
+            runs,
+            run_ns,
+            recursion_misses: None,
+            kprobe_misses: None,
+        })
     }
 
     fn cal() -> Calibration {
@@ -322,6 +307,7 @@ mod tests {
                 m("kprobe", 600.0),
                 m("kretprobe", 1100.0),
                 m("raw_tp", 150.0),
+                m("tracepoint", 400.0),
             ],
             baseline_ns_per_call: 200.0,
             took_ms: 10.0,
@@ -373,9 +359,57 @@ mod tests {
             ("fexit_0", "fentry"),
             ("ureturn", "uprobe"),
             ("softirq_entry", "raw_tp"),
+            ("cq_2", "kprobe"),
+            ("wf_read_entry", "kprobe"),
+            ("wf_read_return", "kretprobe"),
+            ("wf_handler_return", "kretprobe"),
+            ("wf_sched_waking", "tracepoint"),
+            ("wf_mlx5_irq", "raw_tp"),
         ] {
             assert_eq!(mechanism_of(program), mechanism, "{program}");
         }
+    }
+
+    /// Every program of the embedded object is priced as the mechanism its ELF section says.
+    #[test]
+    fn every_program_of_the_object_is_priced_by_its_section() {
+        let sections = crate::bpf::programs::object_program_sections();
+        assert!(sections.len() > 20, "the object is read: {sections:?}");
+        let mut wrong = Vec::new();
+        for (program, family) in &sections {
+            let want = match family.as_str() {
+                "kprobe" => "kprobe",
+                "kretprobe" => "kretprobe",
+                "fentry" | "fexit" => "fentry",
+                "uprobe" | "uretprobe" => "uprobe",
+                "tracepoint" => "tracepoint",
+                "raw_tp" | "raw_tracepoint" => "raw_tp",
+                other => panic!("{program}: section {other} has no price"),
+            };
+            if mechanism_of(program) != want {
+                wrong.push(format!(
+                    "{program}: {} (section {family})",
+                    mechanism_of(program)
+                ));
+            }
+        }
+        assert!(wrong.is_empty(), "priced as the wrong mechanism: {wrong:?}");
+    }
+
+    /// A waterfall read return is priced as a kretprobe, not as a raw tracepoint (#22).
+    #[test]
+    fn waterfall_programs_cost_their_own_mechanism() {
+        let c = costs(
+            &[
+                prog("wf_read_return", "ib_uverbs_comp_event_read", 10, 1_000),
+                prog("wf_sched_switch", "sched/sched_switch", 10, 1_000),
+            ],
+            Some(&cal()),
+        );
+        assert_eq!(c[0].mechanism, "kretprobe");
+        assert_eq!(c[0].cost_ns, 1_000.0 + 10.0 * 1_000.0);
+        assert_eq!(c[1].mechanism, "tracepoint");
+        assert_eq!(c[1].cost_ns, 1_000.0 + 10.0 * 300.0);
     }
 
     #[test]

@@ -51,12 +51,20 @@ pub struct ProgramOverhead {
     pub counts: ProgramStat,
     /// Average ns per run (null without runs).
     pub ns_per_run: Option<f64>,
+    /// Its attach mechanism (`kprobe`, `kretprobe`, `tracepoint`, `raw_tp`, `fentry`,
+    /// `uprobe`), as the budget prices it.
+    pub mechanism: &'static str,
 }
 
 impl ProgramOverhead {
     pub fn new(counts: ProgramStat) -> Self {
         let ns_per_run = (counts.runs > 0).then(|| counts.run_ns as f64 / counts.runs as f64);
-        Self { counts, ns_per_run }
+        let mechanism = mechanism_of(&counts.name);
+        Self {
+            counts,
+            ns_per_run,
+            mechanism,
+        }
     }
 }
 
@@ -204,6 +212,43 @@ impl HookHits {
             self.per,
             groups.join(", ")
         )
+    }
+}
+
+/// The attach mechanism of one of our programs, from its name in the eBPF object: `kprobe`,
+/// `kretprobe`, `fentry` (fexit too), `uprobe` (uretprobe too), `tracepoint` (the perf-event
+/// form) or `raw_tp`. The waterfall's programs are priced by what each really is: kprobes,
+/// kretprobes, tracepoints and one raw tracepoint (`rdma-trace-ebpf/src/waterfall.rs`); a test
+/// checks every program of the object against its ELF section.
+pub fn mechanism_of(program: &str) -> &'static str {
+    const KRETPROBES: &[&str] = &["wf_handler_return", "wf_read_return"];
+    const TRACEPOINTS: &[&str] = &["wf_sched_switch", "wf_sched_waking", "task_newtask"];
+    const RAW_TPS: &[&str] = &["wf_mlx5_irq"];
+    // The calibration's empty programs are named after their mechanism.
+    if let Some(m) = program.strip_prefix("cal_") {
+        return match m {
+            "kprobe" => "kprobe",
+            "kretprobe" => "kretprobe",
+            "tracepoint" => "tracepoint",
+            "fentry" => "fentry",
+            _ => "raw_tp",
+        };
+    }
+    if program.starts_with("kentry_") || program.starts_with("cq_") {
+        "kprobe"
+    } else if program.starts_with("kreturn_") || KRETPROBES.contains(&program) {
+        "kretprobe"
+    } else if program.starts_with("fentry_") || program.starts_with("fexit_") {
+        "fentry"
+    } else if program.starts_with("uentry") || program.starts_with("ureturn") {
+        "uprobe"
+    } else if TRACEPOINTS.contains(&program) {
+        "tracepoint"
+    } else if program.starts_with("wf_") && !RAW_TPS.contains(&program) {
+        // The waterfall's other programs are kprobes on the completion path.
+        "kprobe"
+    } else {
+        "raw_tp"
     }
 }
 
