@@ -1,4 +1,4 @@
-//! `cargo xtask bench [demo|trace]`: benchmarks in the QEMU guest (not tests).
+//! `cargo xtask bench [demo|trace|model]`: benchmarks in the QEMU guest (not tests).
 //!
 //! Each bench boots ONE 6.1 guest and runs a generated bash script there that alternates the
 //! compared programs for a number of rounds (9 by default) and leaves raw results (the programs' own
@@ -9,9 +9,12 @@
 //! - `demo` (`bench/demo.rs`): rdma-demo against the C tools (ibv_rc_pingpong, perftest).
 //! - `trace` (`bench/trace.rs`): the demo alone, under rdma-trace, under bpftrace with an
 //!   equivalent script (`bench/equivalent.bt`), and under bpftrace with empty probe bodies.
+//! - `model` (`bench/model.rs`): each preset's hook hits per round trip (guest) times each
+//!   mechanism's cost on this host's CPU: what it would add to a real NIC's round trip.
 
 mod agreement;
 mod demo;
+mod model;
 mod stats;
 mod trace;
 
@@ -33,7 +36,7 @@ use crate::{
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Which bench (default: both, and write docs/benchmarks.md).
+    /// Which bench (default: all three, and write docs/benchmarks.md).
     #[command(subcommand)]
     which: Option<Which>,
     /// Alternating rounds (more rounds make the 95 % intervals trustworthy: 5 rounds flipped 29
@@ -54,6 +57,10 @@ enum Which {
     /// The demo alone (A), under rdma-trace (B), under bpftrace with bench/equivalent.bt (C)
     /// and with bench/empty.bt (D): latency ratios, BPF time per run, start-up, loader CPU/RSS.
     Trace,
+    /// What each probe preset would add to a real host's 8 µs event-mode round trip: hook hits
+    /// per round trip counted in the guest, times each mechanism's cost calibrated on this
+    /// host (root).
+    Model,
 }
 
 /// The generated docs page.
@@ -102,13 +109,14 @@ pub fn run(args: &Args) -> Result<i32> {
     }
     let which: Vec<Which> = match args.which {
         Some(w) => vec![w],
-        None => vec![Which::Demo, Which::Trace],
+        None => vec![Which::Demo, Which::Trace, Which::Model],
     };
     let mut sections = Vec::new();
     for w in which {
         let s = match w {
             Which::Demo => demo::run(args.rounds)?,
             Which::Trace => trace::run(args.rounds)?,
+            Which::Model => model::run(args.rounds)?,
         };
         println!("\n## {}\n\n{}", s.title, s.markdown);
         sections.push(s);

@@ -43,8 +43,8 @@ enum Cmd {
     Run(run::Args),
     /// Run every test layer: fmt, clippy, unit, host eBPF (root), guest (6.1 and 6.12).
     Test(test::Args),
-    /// Benchmarks in the guest: `demo` (vs the C tools), `trace` (vs bpftrace); both and
-    /// docs/benchmarks.md without a subcommand.
+    /// Benchmarks in the guest: `demo` (vs the C tools), `trace` (vs bpftrace), `model` (each
+    /// preset on a real host); all three and docs/benchmarks.md without a subcommand.
     Bench(bench::Args),
 }
 
