@@ -69,7 +69,9 @@ pub enum CompletionError {
 
 /// Mistakes an event-mode program can make, injected for the tests of `rdma-trace`'s stall
 /// doctor (`rdma-demo --fault-no-rearm-after N`, `--fault-no-poll`): each one leaves a thread
-/// blocked in `ibv_get_cq_event` with a known link of the completion chain broken.
+/// blocked in `ibv_get_cq_event` with a known link of the completion chain broken. And a
+/// program that lets events pile up on its channel (`--fault-unread-events N`), for the
+/// waterfall's count of events its channel mirror could not hold.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CompletionFaults {
     /// After this many events, the CQ is no longer re-armed (`ibv_req_notify_cq` forgotten).
@@ -77,6 +79,10 @@ pub struct CompletionFaults {
     /// Once an event was read, the CQ is never polled again: the next wait blocks with the
     /// completions that raised the event still in the CQ.
     pub no_poll: bool,
+    /// The first N waits poll for their completion with the CQ armed (re-armed after each), so
+    /// each completion's event stays queued on the channel unread; then every queued event is
+    /// read in one burst ([`Completions::burst`] counts them).
+    pub unread_events: u64,
 }
 
 impl CompletionFaults {
@@ -88,6 +94,11 @@ impl CompletionFaults {
     /// Whether the CQ is polled once `events` events were read.
     fn polls_after(&self, events: u64) -> bool {
         !self.no_poll || events == 0
+    }
+
+    /// Whether the wait after `waits` such waits leaves its event unread.
+    fn leaves_unread(&self, waits: u64) -> bool {
+        waits < self.unread_events
     }
 }
 
@@ -109,6 +120,10 @@ pub struct Completions {
     stamps: Option<Stamps>,
     polled: Polled,
     faults: CompletionFaults,
+    /// Waits that left their event unread ([`CompletionFaults::unread_events`]).
+    unread_waits: u64,
+    /// Events read in the burst that followed them.
+    burst: u64,
 }
 
 /// How long a passive poller sleeps between polls that find nothing. Its wait is not measured,
@@ -135,6 +150,8 @@ impl Completions {
             stamps: None,
             polled: Polled::default(),
             faults: CompletionFaults::default(),
+            unread_waits: 0,
+            burst: 0,
         })
     }
 
@@ -205,6 +222,44 @@ impl Completions {
         self.completions
     }
 
+    /// Events read in one burst after `--fault-unread-events` left them queued (0 without it).
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// A wait that polls for its completion with the CQ armed and re-arms it: the completion's
+    /// event stays queued unread. After the last such wait, every queued event is read.
+    fn wait_leaving_the_event(&mut self, deadline: Instant) -> Result<bool, CompletionError> {
+        let found = loop {
+            if self.drain()? > 0 {
+                break true;
+            }
+            if Instant::now() >= deadline {
+                break false;
+            }
+            std::hint::spin_loop();
+        };
+        if !found {
+            return Ok(false);
+        }
+        self.cq.arm()?;
+        self.unread_waits += 1;
+        if !self.faults.leaves_unread(self.unread_waits) {
+            // Every event is queued by now: a read that waits this long found the queue empty.
+            while let Some(event) = self
+                .cq
+                .wait_event(Duration::from_millis(500), self.stamps.is_some())?
+            {
+                if let (Some(s), Some(t)) = (self.stamps.as_mut(), event.read_at) {
+                    s.read_at(t, self.polled);
+                }
+                self.events += 1;
+                self.burst += 1;
+            }
+        }
+        Ok(true)
+    }
+
     fn drain(&mut self) -> Result<usize, VerbsError> {
         self.scratch.clear();
         let n = self.cq.poll(&mut self.scratch)?;
@@ -263,6 +318,9 @@ impl Completions {
                         break false;
                     }
                 }
+            }
+            Mode::Event if self.faults.leaves_unread(self.unread_waits) => {
+                self.wait_leaving_the_event(deadline)?
             }
             Mode::Event => loop {
                 // Armed here: drain first, sleep only on an empty CQ.
@@ -384,7 +442,7 @@ mod tests {
     fn the_rearm_is_forgotten_from_the_nth_event_on() {
         let f = CompletionFaults {
             no_rearm_after: Some(3),
-            no_poll: false,
+            ..CompletionFaults::default()
         };
         assert!(f.rearms_after(1) && f.rearms_after(2));
         assert!(!f.rearms_after(3) && !f.rearms_after(4));
@@ -394,11 +452,22 @@ mod tests {
     #[test]
     fn no_poll_polls_only_before_the_first_event() {
         let f = CompletionFaults {
-            no_rearm_after: None,
             no_poll: true,
+            ..CompletionFaults::default()
         };
         assert!(f.polls_after(0));
         assert!(!f.polls_after(1) && !f.polls_after(9));
         assert!(f.rearms_after(9));
+    }
+
+    #[test]
+    fn unread_events_leave_the_first_n_waits_unread() {
+        let f = CompletionFaults {
+            unread_events: 2,
+            ..CompletionFaults::default()
+        };
+        assert!(f.leaves_unread(0) && f.leaves_unread(1));
+        assert!(!f.leaves_unread(2));
+        assert!(!CompletionFaults::default().leaves_unread(0));
     }
 }

@@ -220,6 +220,11 @@ struct CommonArgs {
     /// CQ once one was read
     #[arg(long, hide = true)]
     fault_no_poll: bool,
+    /// Event mode, for tests (the side as above): the first N waits poll for their completion
+    /// with the CQ armed, leaving each event queued unread; then all are read in one burst
+    /// (`cq_events_burst` in the --json report)
+    #[arg(long, value_name = "N", default_value_t = 0, hide = true)]
+    fault_unread_events: u64,
 }
 
 fn parse_timeout(s: &str) -> Result<f64, String> {
@@ -432,6 +437,7 @@ impl CommonArgs {
         CompletionFaults {
             no_rearm_after: self.fault_no_rearm_after,
             no_poll: self.fault_no_poll,
+            unread_events: self.fault_unread_events,
         }
     }
 

@@ -51,10 +51,17 @@ pub struct Report {
     pub remote_qpn: u32,
     /// CQ events taken (event mode).
     pub cq_events: u64,
+    /// Of them, events read in one burst after `--fault-unread-events` left them queued.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cq_events_burst: u64,
     /// Per-iteration round trips and their halves, as perftest's `ib_send_lat` reports (client
     /// only).
     #[serde(flatten)]
     pub latency: RoundTrips,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Report {
@@ -164,6 +171,7 @@ impl Side {
             local_qpn: self.qp.qp_num(),
             remote_qpn: peer.qpn,
             cq_events: self.comp.events(),
+            cq_events_burst: self.comp.burst(),
             latency,
         }
     }

@@ -240,7 +240,11 @@ pub struct WfCq {
 pub const NO_ID: u32 = u32::MAX;
 
 /// Events a channel's handler queued that no read has taken yet (the kernel's FIFO, mirrored),
-/// and what the stall doctor needs of the channel.
+/// and what the stall doctor needs of the channel. Events are numbered in queue order: `tail`
+/// counts the handler's events, `head` the reads. Event `n` is kept in slot `n % WF_QUEUE_LEN`
+/// when that slot's event has been read; otherwise it is not kept (`W_DROPPED`) and its read,
+/// finding another event's number in the slot, counts as unmatched: every read is paired with
+/// its own event or with none.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WfQueue {
@@ -249,6 +253,10 @@ pub struct WfQueue {
     pub t0: [u64; WF_QUEUE_LEN as usize],
     pub t1: [u64; WF_QUEUE_LEN as usize],
     pub cpu: [u64; WF_QUEUE_LEN as usize],
+    /// Each slot's event number + 1 (0: never kept).
+    pub seq: [u64; WF_QUEUE_LEN as usize],
+    /// T1 of the channel's last handler call, kept or not.
+    pub handler_at: u64,
     /// The CQ of the channel's last handler call.
     pub cq: u64,
     /// rxe: that CQ's `rxe_queue_buf` (shared with user space), 0 when not resolved.

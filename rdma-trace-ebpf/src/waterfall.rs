@@ -267,8 +267,9 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
         let Some(zero) = WF_ZERO.get_ptr(0) else {
             return 0;
         };
-        // SAFETY: a map value pointer, valid for the call; the helper copies it.
-        let _ = WF_QUEUES.insert(queue, unsafe { *zero }, BPF_NOEXIST);
+        // SAFETY: a map value pointer, valid for the call; the helper copies it (by reference:
+        // a queue is too big for the BPF stack).
+        let _ = WF_QUEUES.insert(queue, unsafe { &*zero }, BPF_NOEXIST);
     }
     let Some(q) = WF_QUEUES.get_ptr_mut(queue) else {
         // The map is full (or out of memory): this event is not mirrored.
@@ -283,15 +284,24 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
         q.buf = 0;
     }
     let event = q.tail;
-    let i = (event & QMASK) as usize;
-    if let (Some(a), Some(b), Some(c)) = (q.t0.get_mut(i), q.t1.get_mut(i), q.cpu.get_mut(i)) {
-        *a = t0;
-        *b = t1;
-        *c = u64::from(cpu());
-    }
     q.tail = event + 1;
-    if q.tail - q.head > WF_QUEUE_LEN as u64 {
-        q.head = q.tail - WF_QUEUE_LEN as u64;
+    q.handler_at = t1;
+    // Kept only when its slot's event has been read: the kernel hands events out oldest first,
+    // so overwriting an unread one would pair this channel's next reads with the wrong events.
+    let i = (event & QMASK) as usize;
+    if event.saturating_sub(q.head) < WF_QUEUE_LEN as u64 {
+        if let (Some(a), Some(b), Some(c), Some(n)) = (
+            q.t0.get_mut(i),
+            q.t1.get_mut(i),
+            q.cpu.get_mut(i),
+            q.seq.get_mut(i),
+        ) {
+            *a = t0;
+            *b = t1;
+            *c = u64::from(cpu());
+            *n = event + 1;
+        }
+    } else {
         count_global(W_DROPPED);
     }
     if let Some(h) = WF_HANDLER.get_ptr_mut(0) {
@@ -492,9 +502,16 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
     q.head = event + 1;
     q.read_at = t4;
     let i = (event & QMASK) as usize;
-    let (Some(&t0), Some(&t1), Some(&cpu1)) = (q.t0.get(i), q.t1.get(i), q.cpu.get(i)) else {
+    let (Some(&t0), Some(&t1), Some(&cpu1), Some(&seq)) =
+        (q.t0.get(i), q.t1.get(i), q.cpu.get(i), q.seq.get(i))
+    else {
         return 0;
     };
+    if seq != event + 1 {
+        // Its event found the mirror full and was not kept.
+        count(slot, W_UNMATCHED);
+        return 0;
+    }
     let cpu4 = cpu();
     let mut s = WfSample {
         t0,

@@ -126,7 +126,7 @@ impl Losses {
                 "queue_overflow",
                 self.queue_overflow,
                 format!(
-                    "events dropped from a channel's {WF_QUEUE_LEN}-deep queue mirror (later reads on it may be matched to the wrong event)"
+                    "events queued on a channel while its {WF_QUEUE_LEN}-deep mirror was full: not kept (their reads count as unmatched)"
                 ),
             ),
             (
@@ -304,7 +304,9 @@ mod tests {
         );
         let line = l.line().expect("a loss line");
         assert!(
-            line.starts_with("lost: 20 events dropped from a channel's 16-deep queue mirror"),
+            line.starts_with(
+                "lost: 20 events queued on a channel while its 16-deep mirror was full"
+            ),
             "{line}"
         );
         let missing: Vec<&str> = [

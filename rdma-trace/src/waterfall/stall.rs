@@ -98,8 +98,7 @@ pub fn diagnose(e: &Evidence, pid: u32, comm: String) -> Stall {
     let wake = e
         .wake
         .filter(|w| w.queue == e.reading.queue && w.t2 >= e.reading.since);
-    let queued_at =
-        q.and_then(|q| (q.tail > 0).then(|| q.t1[((q.tail - 1) % q.t1.len() as u64) as usize]));
+    let queued_at = q.and_then(|q| (q.handler_at != 0).then_some(q.handler_at));
     let unread = q.map(|q| q.tail.saturating_sub(q.head));
     let unpolled = (e.reading.unpolled != NO_ID).then_some(e.reading.unpolled);
     let handler_at = c.map_or(0, |c| c.handler_at);
@@ -277,6 +276,8 @@ mod tests {
             t0: [0; WF_QUEUE_LEN as usize],
             t1: [0; WF_QUEUE_LEN as usize],
             cpu: [0; WF_QUEUE_LEN as usize],
+            seq: [0; WF_QUEUE_LEN as usize],
+            handler_at: 0,
             cq: 0xc0,
             buf: 0,
             read_at,
@@ -284,7 +285,7 @@ mod tests {
             on_cpu_at: 0,
         };
         if tail > 0 {
-            q.t1[((tail - 1) % u64::from(WF_QUEUE_LEN)) as usize] = t1;
+            q.handler_at = t1;
         }
         q
     }

@@ -45,14 +45,14 @@ fn u(v: &Value) -> u64 {
 
 /// A read stamp: when, and the completions the thread had polled by then, of its own
 /// requests and of the messages it received.
-struct Read {
+pub(super) struct Read {
     t: u64,
     sends: usize,
     recvs: usize,
 }
 
 /// The stamps of a demo report: its reads and its posts, in order.
-fn stamps(report: &Value) -> (Vec<Read>, Vec<u64>) {
+pub(super) fn stamps(report: &Value) -> (Vec<Read>, Vec<u64>) {
     let all = report["stamps"]["samples"]
         .as_array()
         .unwrap_or_else(|| panic!("no stamps in {}", report["role"]));

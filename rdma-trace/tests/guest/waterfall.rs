@@ -6,7 +6,8 @@ use serde_json::Value;
 
 use super::{
     RDMA_TRACE,
-    harness::{demo_cq_events, find_by, run_demo, run_json, run_json_with},
+    harness::{demo_cq_events, find_by, read_json, run_demo, run_json, run_json_with, temp_json},
+    stamps::stamps,
 };
 
 /// `a` within 1 % of `b` (and both positive).
@@ -362,5 +363,86 @@ wait
         0,
         "{}",
         after.report["phases"][0]["losses"]
+    );
+}
+
+/// A program that lets completion events pile up on its channel past the waterfall's 16-deep
+/// mirror of it (`rdma-demo --fault-unread-events N`: its client polls the first N completions
+/// with the CQ armed, leaving each event queued, then reads them all in one burst). The truths:
+/// the demo's own count of the events it read in that burst, and its own stamps of its posts.
+/// Every event past the mirror's 16 is counted as lost, twice (not kept, and its read
+/// unmatched), and the 16 that were kept are the oldest: the burst's first read gets the first
+/// event's handler time, from the client's first round trip (the kernel hands events out
+/// oldest first; a mirror that dropped its oldest would give it the 33rd's).
+#[test]
+fn events_piled_up_past_the_mirror_are_counted_and_the_kept_ones_are_the_oldest() {
+    let demo_json = temp_json("overflow-demo");
+    let demo_json_arg = demo_json.to_str().expect("a UTF-8 path").to_owned();
+    let run = run_json(
+        &[
+            "run",
+            "--no-tui",
+            "--sample",
+            "1000",
+            "--",
+            "rdma-demo",
+            "pingpong",
+            "--loopback",
+            "--port",
+            "0",
+            "-d",
+            "rxe1",
+            "--server-device",
+            "rxe0",
+            "-e",
+            "-n",
+            "100",
+            "--stamps",
+            "1000",
+            "--fault-unread-events",
+            "48",
+            "--json",
+            &demo_json_arg,
+        ],
+        "overflow",
+    );
+    run.assert_success("rdma-trace run -- rdma-demo --fault-unread-events 48");
+    let demo = read_json(&demo_json);
+    let client = find_by(
+        demo["reports"].as_array().expect("reports"),
+        "role",
+        "client",
+    )
+    .expect("the client's report");
+    let burst = u(&client["cq_events_burst"]);
+    assert!(burst > 24, "the burst must overflow the mirror: {client}");
+    let phase = &run.report["phases"][0];
+    let losses = &phase["losses"];
+    assert_eq!(u(&losses["queue_overflow"]), burst - 16, "{losses}");
+    assert_eq!(u(&losses["unmatched_reads"]), burst - 16, "{losses}");
+    assert!(
+        run.stdout
+            .lines()
+            .any(|l| l.starts_with("lost:") && l.contains("mirror was full")),
+        "the text report names the overflow:\n{}",
+        run.stdout
+    );
+    // The client thread's first sampled event is the burst's first read (it read nothing
+    // before): its T1 lies in the client's first round trip, between its first two posts.
+    let tid = u(&client["stamps"]["tid"]);
+    let (_, posts) = stamps(client);
+    let first = run.report["waterfall_samples"]
+        .as_array()
+        .expect("waterfall_samples")
+        .iter()
+        .filter(|s| u(&s["tid"]) == tid)
+        .min_by_key(|s| u(&s["t4"]))
+        .expect("a sampled event of the client");
+    let t1 = u(&first["t1"]);
+    assert!(
+        posts[0] < t1 && t1 < posts[1],
+        "the burst's first read got T1 {t1}, not from the first round trip (posts at {}, {}, …): {first}",
+        posts[0],
+        posts[1]
     );
 }
