@@ -98,6 +98,10 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         session.attach_table()
     );
 
+    // The window opens before the command starts: the processes' counts and the probes'
+    // baseline are taken first, so that the command's first completions are in the report.
+    let procs_before = workload::read_processes(session.bpf().ebpf())?;
+    let base = Baseline::new(&session, wf.as_ref().zip(wf_before.clone()))?;
     let mut live = args.live_view();
     let (mut child, held) = match &target {
         Target::Command(cmd) => {
@@ -108,14 +112,12 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         }
         _ => (None, None),
     };
-    // The processes' counts start with the window, next to the probes' baseline.
-    let procs_before = workload::read_processes(session.bpf().ebpf())?;
     let (window, probes, overhead, wf_window, stalls, procs_after) = {
         let mut src = WorkloadSource {
             session: &session,
             label: label.clone(),
             target: target.clone(),
-            base: Baseline::new(&session, wf.as_ref().zip(wf_before.clone()))?,
+            base,
         };
         let window = live.watch(&mut src, args.duration, child.as_mut()).await?;
         let overhead = src.base.overhead(&session);
