@@ -31,6 +31,8 @@ mod hardening;
 mod harness;
 #[path = "guest/kill_on_drop.rs"]
 mod kill_on_drop;
+#[path = "guest/nvme.rs"]
+mod nvme;
 #[path = "guest/privileges.rs"]
 mod privileges;
 #[path = "guest/stall.rs"]

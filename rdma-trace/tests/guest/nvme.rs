@@ -1,0 +1,355 @@
+//! NVMe over RDMA between the test bed's two Soft-RoCE devices: an nvmet-rdma target on rxe0
+//! (10.9.0.1:4420) exporting a null_blk namespace, an nvme-rdma host connected from rxe1
+//! (10.9.0.2), and direct 4 KiB reads of the namespace traced with `rdma-trace run -- CMD`.
+//! Kernel consumers poll their CQs in the kernel, so the driver's poll row (`rxe_poll_cq`),
+//! "expected 0" for the user-space verbs demos, counts here.
+
+use std::{
+    path::Path,
+    process::{Command, Output},
+    time::{Duration, Instant},
+};
+
+use super::harness::{count, run_json};
+
+/// The subsystem the target exports.
+const NQN: &str = "nqn.2014-08.org.rdma-trace:guest-nvme";
+/// The host's identity, given to `nvme connect` (the guest has no /etc/nvme/hostnqn).
+const HOST_ID: &str = "7c1d4b52-3e0a-4f6e-9b8d-5a2c6e1f0d93";
+const CONFIGFS: &str = "/sys/kernel/config";
+const NVMET: &str = "/sys/kernel/config/nvmet";
+/// The nvmet port id (configfs `ports/<id>`).
+const PORT: &str = "1";
+/// The target's block device (null_blk's first device).
+const NULLB: &str = "nullb0";
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"))
+}
+
+/// Runs `cmd` and fails the test, with its output, unless it succeeded.
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+fn write(path: &str, value: &str) {
+    std::fs::write(path, value).unwrap_or_else(|e| panic!("write {value:?} to {path}: {e}"));
+}
+
+/// Loads kernel consumer module `root` and what it needs, in the load order xtask computed
+/// (`/lib/modules/consumers/<root>.list`; the guest has no modprobe). Modules already loaded
+/// are left alone.
+fn load_consumer(root: &str, params: &[&str]) {
+    let list_path = format!("/lib/modules/consumers/{root}.list");
+    let list = std::fs::read_to_string(&list_path)
+        .unwrap_or_else(|e| panic!("{list_path} ({e}): is this the xtask guest image?"));
+    for m in list.lines().filter(|l| !l.is_empty()) {
+        if Path::new("/sys/module").join(m).exists() {
+            continue;
+        }
+        let mut insmod = Command::new("insmod");
+        insmod.arg(format!("/lib/modules/{m}.ko"));
+        if m == root {
+            insmod.args(params);
+        }
+        run_ok(&mut insmod);
+    }
+}
+
+/// The block counters of `/sys/block/<dev>/stat`: (reads completed, sectors read).
+fn block_reads(dev: &str) -> (u64, u64) {
+    let path = format!("/sys/block/{dev}/stat");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let f: Vec<u64> = text
+        .split_whitespace()
+        .map(|v| v.parse().expect("a counter"))
+        .collect();
+    (f[0], f[2])
+}
+
+/// An NVMe over RDMA target (nvmet-rdma on rxe0, null_blk namespace) and the host's connection
+/// to it (nvme-rdma via rxe1). Dropping it disconnects and removes the target, also when the
+/// test fails; the modules stay loaded.
+struct NvmeOverRdma {
+    /// The host's namespace block device (`nvme0n1`).
+    disk: String,
+}
+
+impl NvmeOverRdma {
+    fn connect() -> Self {
+        load_consumer("null_blk", &["nr_devices=1"]);
+        load_consumer("nvmet_rdma", &[]);
+        load_consumer("nvme_rdma", &[]);
+        if !Path::new(NVMET).exists() {
+            run_ok(Command::new("mount").args(["-t", "configfs", "configfs", CONFIGFS]));
+        }
+        // A previous run that died before its teardown left its target behind.
+        tear_down();
+        // From here on the guard removes whatever was made, whatever fails next.
+        let mut guard = NvmeOverRdma {
+            disk: String::new(),
+        };
+        let subsys = format!("{NVMET}/subsystems/{NQN}");
+        let ns = format!("{subsys}/namespaces/1");
+        let port = format!("{NVMET}/ports/{PORT}");
+        std::fs::create_dir(&subsys).unwrap_or_else(|e| panic!("mkdir {subsys}: {e}"));
+        write(&format!("{subsys}/attr_allow_any_host"), "1");
+        std::fs::create_dir(&ns).unwrap_or_else(|e| panic!("mkdir {ns}: {e}"));
+        write(&format!("{ns}/device_path"), &format!("/dev/{NULLB}"));
+        write(&format!("{ns}/enable"), "1");
+        std::fs::create_dir(&port).unwrap_or_else(|e| panic!("mkdir {port}: {e}"));
+        write(&format!("{port}/addr_trtype"), "rdma");
+        write(&format!("{port}/addr_adrfam"), "ipv4");
+        write(&format!("{port}/addr_traddr"), "10.9.0.1");
+        write(&format!("{port}/addr_trsvcid"), "4420");
+        std::os::unix::fs::symlink(&subsys, format!("{port}/subsystems/{NQN}"))
+            .unwrap_or_else(|e| panic!("linking {NQN} to port {PORT}: {e}"));
+        // The host: to 10.9.0.1 from 10.9.0.2, i.e. from rxe1 to rxe0.
+        run_ok(Command::new("nvme").args([
+            "connect",
+            "-t",
+            "rdma",
+            "-a",
+            "10.9.0.1",
+            "-s",
+            "4420",
+            "-w",
+            "10.9.0.2",
+            "-n",
+            NQN,
+            "--hostnqn",
+            &format!("nqn.2014-08.org.nvmexpress:uuid:{HOST_ID}"),
+            "--hostid",
+            HOST_ID,
+        ]));
+        guard.disk = wait_for_namespace();
+        guard
+    }
+}
+
+/// The host's block device of the subsystem's namespace, once the host has scanned it (the
+/// scan runs after `nvme connect` returns). With native multipath the disk's `device` is the
+/// subsystem, without it the controller: both carry `subsysnqn`.
+fn wait_for_namespace() -> String {
+    let start = Instant::now();
+    loop {
+        let found = std::fs::read_dir("/sys/block")
+            .expect("/sys/block")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("nvme"))
+            .find(|name| {
+                std::fs::read_to_string(format!("/sys/block/{name}/device/subsysnqn"))
+                    .is_ok_and(|n| n.trim() == NQN)
+            });
+        if let Some(disk) = found {
+            return disk;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no namespace of {NQN} appeared within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Disconnects the host from the subsystem and removes the target's configfs entries, each step
+/// whether or not the one before it worked (a failed setup leaves any subset of them).
+fn tear_down() {
+    if Path::new("/dev/nvme-fabrics").exists() {
+        let _ = run(Command::new("nvme").args(["disconnect", "-n", NQN]));
+    }
+    let subsys = format!("{NVMET}/subsystems/{NQN}");
+    let ns = format!("{subsys}/namespaces/1");
+    let port = format!("{NVMET}/ports/{PORT}");
+    let _ = std::fs::remove_file(format!("{port}/subsystems/{NQN}"));
+    let _ = std::fs::remove_dir(&port);
+    let _ = std::fs::write(format!("{ns}/enable"), "0");
+    let _ = std::fs::remove_dir(&ns);
+    let _ = std::fs::remove_dir(&subsys);
+}
+
+impl Drop for NvmeOverRdma {
+    fn drop(&mut self) {
+        tear_down();
+    }
+}
+
+/// A tracefs instance (its own ring buffer, apart from the top-level one the guest keeps tiny)
+/// recording the ib_cq API's `rdma_core:cq_poll` events: the kernel's own account of every CQ
+/// poll of the ib_cq machinery, with what each returned. Removed when dropped.
+struct CqPollEvents {
+    dir: String,
+    started: Instant,
+}
+
+impl CqPollEvents {
+    fn start() -> Self {
+        let dir = "/sys/kernel/tracing/instances/rdma-trace-nvme".to_owned();
+        if Path::new(&dir).exists() {
+            let _ = std::fs::write(format!("{dir}/events/rdma_core/cq_poll/enable"), "0");
+            let _ = std::fs::remove_dir(&dir);
+        }
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {dir}: {e}"));
+        let events = CqPollEvents {
+            dir,
+            started: Instant::now(),
+        };
+        write(&format!("{}/buffer_size_kb", events.dir), "4096");
+        write(
+            &format!("{}/events/rdma_core/cq_poll/enable", events.dir),
+            "1",
+        );
+        events
+    }
+
+    /// Stops recording; (polls, completions returned, seconds recorded), from the recorded
+    /// events. Fails the test when the ring buffer dropped events.
+    fn stop(&self) -> (u64, u64, f64) {
+        let seconds = self.started.elapsed().as_secs_f64();
+        write(&format!("{}/tracing_on", self.dir), "0");
+        let path = format!("{}/trace", self.dir);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // "# entries-in-buffer/entries-written: 7878/7878   #P:2"
+        let header = text
+            .lines()
+            .find_map(|l| l.strip_prefix("# entries-in-buffer/entries-written: "))
+            .unwrap_or_else(|| panic!("no entries header in {path}"));
+        let (kept, written) = header
+            .split_whitespace()
+            .next()
+            .and_then(|f| f.split_once('/'))
+            .expect("kept/written");
+        assert_eq!(kept, written, "the trace instance dropped cq_poll events");
+        let mut polls = 0;
+        let mut returned = 0;
+        for line in text.lines().filter(|l| l.contains(" cq_poll: ")) {
+            let rc: i64 = line
+                .rsplit_once("returned ")
+                .and_then(|(_, rc)| rc.trim().parse().ok())
+                .unwrap_or_else(|| panic!("cq_poll line without rc: {line}"));
+            polls += 1;
+            returned += rc.max(0) as u64;
+        }
+        (polls, returned, seconds)
+    }
+}
+
+impl Drop for CqPollEvents {
+    fn drop(&mut self) {
+        let _ = std::fs::write(format!("{}/events/rdma_core/cq_poll/enable", self.dir), "0");
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// (runs, recursion misses) of the program of `name` on `target` in a phase's overhead.
+fn program_runs(phase: &serde_json::Value, target: &str) -> Vec<(String, u64, Option<u64>)> {
+    phase["overhead"]["programs"]
+        .as_array()
+        .expect("overhead.programs")
+        .iter()
+        .filter(|p| p["target"] == target)
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or("?").to_owned(),
+                p["runs"].as_u64().expect("runs"),
+                p["recursion_misses"].as_u64(),
+            )
+        })
+        .collect()
+}
+
+/// 4 KiB direct reads of an NVMe over RDMA namespace, under `rdma-trace run -- dd`.
+///
+/// Independent truths: dd's own count (`count=N`, one 4 KiB read() at a time with O_DIRECT),
+/// which the target's block device confirms (null_blk's /sys/block stat: N reads, 8 sectors
+/// each); and the NVMe/RDMA protocol with queue depth 1: each read is a command SEND from the
+/// host, received by the target, and a response SEND from the target, received by the host.
+/// Each RECV completes with a CQE (rxe_cq_post), and the next command is only sent after the
+/// host has polled the previous response, which the target sent only after it had polled the
+/// command: so each I/O needs its own poll on each side (rxe_poll_cq ≥ 2N). And the kernel's
+/// own `rdma_core:cq_poll` tracepoint (a tracefs instance), which sees every poll of the ib_cq
+/// API and what it returned, bounds both counts from above and, but for keep-alives outside
+/// rdma-trace's window, from below.
+#[test]
+fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
+    const N: u64 = 2000;
+    let nvme = NvmeOverRdma::connect();
+    let (reads0, sectors0) = block_reads(NULLB);
+    let events = CqPollEvents::start();
+    let out = run_json(
+        &[
+            "run",
+            "--no-tui",
+            "--probes",
+            "full",
+            "--",
+            "dd",
+            &format!("if=/dev/{}", nvme.disk),
+            "of=/dev/null",
+            "bs=4k",
+            &format!("count={N}"),
+            "iflag=direct",
+        ],
+        "nvme-dd",
+    );
+    out.assert_success("rdma-trace run -- dd of the NVMe over RDMA namespace");
+    let (reads1, sectors1) = block_reads(NULLB);
+    let (kernel_polls, kernel_returned, recorded) = events.stop();
+    assert!(
+        out.stderr.contains(&format!("{N}+0 records in")),
+        "dd did not read {N} blocks: {}",
+        out.stderr
+    );
+    assert_eq!(
+        (reads1 - reads0, sectors1 - sectors0),
+        (N, 8 * N),
+        "the target's {NULLB} did not serve dd's {N} reads of 4 KiB"
+    );
+
+    let phases = out.report["phases"].as_array().expect("phases");
+    assert_eq!(phases.len(), 1, "a -- CMD run has one window");
+    let phase = &phases[0];
+    let polls = count(phase, "rxe_poll_cq");
+    let posted = count(phase, "rxe_cq_post");
+    eprintln!(
+        "nvme: {N} reads: rxe_poll_cq {polls}, rxe_cq_post {posted}; rdma_core:cq_poll {kernel_polls} polls returning {kernel_returned} in {recorded:.1} s; programs {:?} {:?}",
+        program_runs(phase, "rxe_poll_cq"),
+        program_runs(phase, "rxe_cq_post")
+    );
+    assert!(
+        polls >= 2 * N,
+        "rxe_poll_cq counted {polls}: each of the {N} reads needs a poll on the host and one on the target"
+    );
+    assert!(
+        posted >= 2 * N,
+        "rxe_cq_post counted {posted}: each of the {N} reads completes a RECV on each side"
+    );
+    // Against the kernel's own tracepoint, recorded from before rdma-trace started to after it
+    // ended: every rxe CQE here is polled through the ib_cq API (no user-space verbs run), so
+    // rdma-trace's window can count no more polls and CQEs than cq_poll saw. Outside the window
+    // only admin traffic runs: keep-alives, one command (4 CQEs, each polled alone) per
+    // kato/2 = 2.5 s at most, kato/4 when the target advertises traffic-based keep-alive.
+    assert!(
+        polls <= kernel_polls && posted <= kernel_returned,
+        "rdma-trace counted more than the kernel's rdma_core:cq_poll events: {polls} polls and {posted} CQEs against {kernel_polls} and {kernel_returned}"
+    );
+    let outside = 4 * ((recorded / 1.25) as u64 + 1);
+    assert!(
+        kernel_polls - polls <= outside && kernel_returned - posted <= outside,
+        "rdma-trace missed polls or CQEs of dd's reads: {polls} polls and {posted} CQEs against the kernel's {kernel_polls} and {kernel_returned}, of which at most {outside} are keep-alives outside the window"
+    );
+    drop(nvme);
+    assert!(
+        !Path::new(&format!("{NVMET}/subsystems/{NQN}")).exists(),
+        "the target's subsystem outlived the test"
+    );
+}
