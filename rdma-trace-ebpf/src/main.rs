@@ -10,6 +10,8 @@
 //! - softirq duration per vector, from the `softirq_entry`/`softirq_exit` raw tracepoints;
 //! - hard IRQ handler duration per IRQ number, from `irq_handler_entry`/`irq_handler_exit`;
 //! - NAPI polls: count, and a histogram of packets handled per poll (`napi_poll`);
+//! - the ib_cq API's wake-up delay: a kernel consumer's CQ scheduled (`rdma_core:cq_schedule`
+//!   or `cq_reschedule`) → its poll starts (`cq_process`), per CQ (`CQ_WAKEUP_PROBE`);
 //! - user-space function duration (`uentry`/`ureturn`, uprobes; the probe id is the attach
 //!   cookie), counted only for the processes the loader puts in `TGIDS`.
 //!
@@ -62,6 +64,9 @@ static SOFTIRQ_PROBE: [u32; NR_SOFTIRQS as usize] = [NO_PROBE; NR_SOFTIRQS as us
 /// Probe counting NAPI polls (histogram: packets per poll), or NO_PROBE.
 #[unsafe(no_mangle)]
 static NAPI_PROBE: u32 = NO_PROBE;
+/// Probe timing the ib_cq API's wake-ups (cq_schedule → cq_process), or NO_PROBE.
+#[unsafe(no_mangle)]
+static CQ_WAKEUP_PROBE: u32 = NO_PROBE;
 /// Probe of each interval.
 #[unsafe(no_mangle)]
 static INTERVAL_PROBE: IntervalProbes = [NO_PROBE; MAX_INTERVALS as usize];
@@ -97,6 +102,10 @@ static TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PROCS, 0);
 /// Start time of each interval (global: the end usually runs on another CPU and thread).
 #[map]
 static INTERVAL_START: Array<u64> = Array::with_max_entries(MAX_INTERVALS, 0);
+/// When each kernel CQ (keyed by its `struct ib_cq *`) was last scheduled and not yet
+/// processed.
+#[map]
+static CQ_SCHEDULED: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
 /// Probe timing the handlers of each traced IRQ number.
 #[map]
 static IRQ_PROBE: HashMap<u32, u32> = HashMap::with_max_entries(MAX_IRQS, 0);
@@ -449,6 +458,65 @@ pub fn napi_poll(ctx: RawTracePointContext) -> i32 {
             timeline::emit(TL_NAPI_POLL, 0, (work & 0xFFFF_FFFF) as u32, now());
         }
         record_in(r, work & 0xFFFF_FFFF);
+    }
+    0
+}
+
+// ---- the ib_cq API (rdma_core tracepoints of ib_core): TP_PROTO(struct ib_cq *cq) for
+// cq_schedule, cq_reschedule, cq_process and cq_free. The tracepoints' own fields (cq->res.id,
+// the latency from cq->timestamp) are filled only for ftrace; a raw tracepoint gets the CQ
+// pointer, which keys the start here.
+
+/// The CQ was scheduled (its completion handler ran, or a full budget re-scheduled it): its
+/// wake-up starts now. A second schedule before the poll restarts it, as the kernel's own
+/// `cq->timestamp` does.
+#[inline(always)]
+fn cq_scheduled(ctx: &RawTracePointContext) -> i32 {
+    if config(&CQ_WAKEUP_PROBE) != NO_PROBE {
+        let cq: u64 = ctx.arg(0);
+        let _ = CQ_SCHEDULED.insert(cq, now(), 0);
+    }
+    0
+}
+
+#[raw_tracepoint(tracepoint = "cq_schedule")]
+pub fn ibcq_schedule(ctx: RawTracePointContext) -> i32 {
+    cq_scheduled(&ctx)
+}
+
+#[raw_tracepoint(tracepoint = "cq_reschedule")]
+pub fn ibcq_reschedule(ctx: RawTracePointContext) -> i32 {
+    cq_scheduled(&ctx)
+}
+
+/// The CQ's poll starts (softirq or kworker): one wake-up, timed from its schedule.
+#[raw_tracepoint(tracepoint = "cq_process")]
+pub fn ibcq_process(ctx: RawTracePointContext) -> i32 {
+    let probe = config(&CQ_WAKEUP_PROBE);
+    if probe != NO_PROBE
+        && let Some(r) = row(probe)
+    {
+        let t = now();
+        let cq: u64 = ctx.arg(0);
+        count_in(probe, r, C_EVENTS);
+        // SAFETY: the value is copied out before the entry is removed.
+        match unsafe { CQ_SCHEDULED.get(cq) }.copied() {
+            Some(start) => {
+                let _ = CQ_SCHEDULED.remove(cq);
+                record_in(r, t.saturating_sub(start));
+            }
+            None => count_in(probe, r, C_UNMATCHED),
+        }
+    }
+    0
+}
+
+/// A CQ is freed: its pending start, if any, goes (the address can be a new CQ's next).
+#[raw_tracepoint(tracepoint = "cq_free")]
+pub fn ibcq_free(ctx: RawTracePointContext) -> i32 {
+    if config(&CQ_WAKEUP_PROBE) != NO_PROBE {
+        let cq: u64 = ctx.arg(0);
+        let _ = CQ_SCHEDULED.remove(cq);
     }
     0
 }
