@@ -183,37 +183,58 @@ impl Drop for NvmeOverRdma {
     }
 }
 
+/// The ib_cq API's tracepoints a [`CqEvents`] instance records. cq_schedule and cq_reschedule
+/// are on for cq_process's own `latency` field: the kernel fills the CQ's timestamp only in
+/// their ftrace handlers.
+const CQ_EVENTS: &[&str] = &["cq_schedule", "cq_reschedule", "cq_process", "cq_poll"];
+
 /// A tracefs instance (its own ring buffer, apart from the top-level one the guest keeps tiny)
-/// recording the ib_cq API's `rdma_core:cq_poll` events: the kernel's own account of every CQ
-/// poll of the ib_cq machinery, with what each returned. Removed when dropped.
-struct CqPollEvents {
+/// recording the ib_cq API's `rdma_core` events: the kernel's own account of every CQ wake-up
+/// and poll of the ib_cq machinery. Removed when dropped.
+struct CqEvents {
     dir: String,
     started: Instant,
 }
 
-impl CqPollEvents {
+/// What a [`CqEvents`] instance recorded.
+struct CqRecord {
+    /// cq_poll events, and the completions they returned.
+    polls: u64,
+    returned: u64,
+    /// cq_process events, and their `latency` (µs since the CQ's last (re)schedule).
+    processes: u64,
+    latencies_us: Vec<i64>,
+    /// How long the instance recorded.
+    seconds: f64,
+}
+
+impl CqEvents {
     fn start() -> Self {
         let dir = "/sys/kernel/tracing/instances/rdma-trace-nvme".to_owned();
         if Path::new(&dir).exists() {
-            let _ = std::fs::write(format!("{dir}/events/rdma_core/cq_poll/enable"), "0");
+            Self::disable(&dir);
             let _ = std::fs::remove_dir(&dir);
         }
         std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {dir}: {e}"));
-        let events = CqPollEvents {
+        let events = CqEvents {
             dir,
             started: Instant::now(),
         };
-        write(&format!("{}/buffer_size_kb", events.dir), "4096");
-        write(
-            &format!("{}/events/rdma_core/cq_poll/enable", events.dir),
-            "1",
-        );
+        write(&format!("{}/buffer_size_kb", events.dir), "8192");
+        for e in CQ_EVENTS {
+            write(&format!("{}/events/rdma_core/{e}/enable", events.dir), "1");
+        }
         events
     }
 
-    /// Stops recording; (polls, completions returned, seconds recorded), from the recorded
-    /// events. Fails the test when the ring buffer dropped events.
-    fn stop(&self) -> (u64, u64, f64) {
+    fn disable(dir: &str) {
+        for e in CQ_EVENTS {
+            let _ = std::fs::write(format!("{dir}/events/rdma_core/{e}/enable"), "0");
+        }
+    }
+
+    /// Stops recording; what was recorded. Fails the test when the ring buffer dropped events.
+    fn stop(&self) -> CqRecord {
         let seconds = self.started.elapsed().as_secs_f64();
         write(&format!("{}/tracing_on", self.dir), "0");
         let path = format!("{}/trace", self.dir);
@@ -228,24 +249,38 @@ impl CqPollEvents {
             .next()
             .and_then(|f| f.split_once('/'))
             .expect("kept/written");
-        assert_eq!(kept, written, "the trace instance dropped cq_poll events");
-        let mut polls = 0;
-        let mut returned = 0;
-        for line in text.lines().filter(|l| l.contains(" cq_poll: ")) {
-            let rc: i64 = line
-                .rsplit_once("returned ")
-                .and_then(|(_, rc)| rc.trim().parse().ok())
-                .unwrap_or_else(|| panic!("cq_poll line without rc: {line}"));
-            polls += 1;
-            returned += rc.max(0) as u64;
+        assert_eq!(kept, written, "the trace instance dropped events");
+        let mut r = CqRecord {
+            polls: 0,
+            returned: 0,
+            processes: 0,
+            latencies_us: Vec::new(),
+            seconds,
+        };
+        // "cq_poll: cq.id=1 requested 16, returned 1"
+        // "cq_process: cq.id=2 wake-up took 16 [us] from interrupt"
+        let number_after = |line: &str, key: &str| -> i64 {
+            line.split_once(key)
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no number after {key:?}: {line}"))
+        };
+        for line in text.lines() {
+            if line.contains(" cq_poll: ") {
+                r.polls += 1;
+                r.returned += number_after(line, "returned ").max(0) as u64;
+            } else if line.contains(" cq_process: ") {
+                r.processes += 1;
+                r.latencies_us.push(number_after(line, "took "));
+            }
         }
-        (polls, returned, seconds)
+        r
     }
 }
 
-impl Drop for CqPollEvents {
+impl Drop for CqEvents {
     fn drop(&mut self) {
-        let _ = std::fs::write(format!("{}/events/rdma_core/cq_poll/enable", self.dir), "0");
+        Self::disable(&self.dir);
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
@@ -284,7 +319,7 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
     const N: u64 = 2000;
     let nvme = NvmeOverRdma::connect();
     let (reads0, sectors0) = block_reads(NULLB);
-    let events = CqPollEvents::start();
+    let events = CqEvents::start();
     let out = run_json(
         &[
             "run",
@@ -303,7 +338,8 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
     );
     out.assert_success("rdma-trace run -- dd of the NVMe over RDMA namespace");
     let (reads1, sectors1) = block_reads(NULLB);
-    let (kernel_polls, kernel_returned, recorded) = events.stop();
+    let kernel = events.stop();
+    let (kernel_polls, kernel_returned, recorded) = (kernel.polls, kernel.returned, kernel.seconds);
     assert!(
         out.stderr.contains(&format!("{N}+0 records in")),
         "dd did not read {N} blocks: {}",
@@ -323,7 +359,7 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
     eprintln!(
         "nvme: {N} reads: rxe_poll_cq {polls}, rxe_cq_post {posted}; rdma_core:cq_poll {kernel_polls} polls returning {kernel_returned} in {recorded:.1} s; programs {:?} {:?}",
         program_runs(phase, "rxe_poll_cq"),
-        program_runs(phase, "rxe_cq_post")
+        program_runs(phase, "rxe_cq_post"),
     );
     assert!(
         polls >= 2 * N,
@@ -342,10 +378,44 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
         polls <= kernel_polls && posted <= kernel_returned,
         "rdma-trace counted more than the kernel's rdma_core:cq_poll events: {polls} polls and {posted} CQEs against {kernel_polls} and {kernel_returned}"
     );
-    let outside = 4 * ((recorded / 1.25) as u64 + 1);
+    let outside = 4 * ((kernel.seconds / 1.25) as u64 + 1);
     assert!(
         kernel_polls - polls <= outside && kernel_returned - posted <= outside,
         "rdma-trace missed polls or CQEs of dd's reads: {polls} polls and {posted} CQEs against the kernel's {kernel_polls} and {kernel_returned}, of which at most {outside} are keep-alives outside the window"
+    );
+
+    // The ib_cq wake-up row: one event per cq_process, the kernel's count of which bounds it
+    // as above (a keep-alive is 2 wake-ups per side at most); its delays against the kernel's
+    // own `latency` of each cq_process (µs, from the CQ's timestamp set at its schedule).
+    let wakeup = super::harness::probe(phase, "ib_cq wakeup");
+    assert_eq!(wakeup["attach"], "raw_tp", "{wakeup}");
+    let wakeups = wakeup["count"].as_u64().expect("count");
+    let unmatched = wakeup["unmatched"].as_u64().expect("unmatched");
+    let p50_ns = wakeup["summary"]["p50"].as_f64();
+    let mut lat = kernel.latencies_us.clone();
+    lat.sort_unstable();
+    let kernel_p50_us = lat.get(lat.len() / 2).copied();
+    eprintln!(
+        "nvme: ib_cq wakeup {wakeups} ({unmatched} without a schedule), p50 {p50_ns:?} ns; rdma_core:cq_process {} events, p50 latency {kernel_p50_us:?} us",
+        kernel.processes
+    );
+    assert!(
+        wakeups >= 2 * N,
+        "ib_cq wakeup counted {wakeups}: each of the {N} reads needs a poll round on each side"
+    );
+    assert!(
+        wakeups <= kernel.processes && kernel.processes - wakeups <= outside,
+        "ib_cq wakeup counted {wakeups} against the kernel's {} cq_process events, of which at most {outside} are keep-alives outside the window",
+        kernel.processes
+    );
+    // The histogram's p50 lies within its power-of-two slot, and the kernel truncates to µs.
+    let (p50_ns, kernel_us) = (
+        p50_ns.expect("ib_cq wakeup recorded delays"),
+        kernel_p50_us.expect("cq_process events") as f64,
+    );
+    assert!(
+        p50_ns >= kernel_us * 1000.0 / 2.0 && p50_ns <= (kernel_us + 1.0) * 1000.0 * 2.0,
+        "ib_cq wakeup p50 {p50_ns} ns, the kernel's cq_process latency p50 {kernel_us} µs"
     );
     drop(nvme);
     assert!(
