@@ -482,6 +482,7 @@ fn program_targets(probe: &Value) -> (Vec<String>, usize) {
                 "raw_tp cq_schedule",
                 "raw_tp cq_reschedule",
                 "raw_tp cq_process",
+                "raw_tp cq_poll",
                 "raw_tp cq_free",
             ]),
             1,

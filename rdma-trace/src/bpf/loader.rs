@@ -376,6 +376,7 @@ impl Bpf {
                 ("ibcq_schedule", "cq_schedule"),
                 ("ibcq_reschedule", "cq_reschedule"),
                 ("ibcq_process", "cq_process"),
+                ("ibcq_poll", "cq_poll"),
                 ("ibcq_free", "cq_free"),
             ])
         });

@@ -37,6 +37,7 @@ mod tests {
         ("ibcq_schedule", "bpf.rs: ib_cq wake-up probe"),
         ("ibcq_reschedule", "bpf.rs: ib_cq wake-up probe"),
         ("ibcq_process", "bpf.rs: ib_cq wake-up probe"),
+        ("ibcq_poll", "bpf.rs: ib_cq wake-up probe"),
         ("ibcq_free", "bpf.rs: ib_cq wake-up probe"),
         ("uentry", "bpf.rs: user-space probes"),
         ("ureturn", "bpf.rs: user-space probes"),

@@ -591,6 +591,7 @@ pub const CQ_WAKEUP_EVENTS: &[&str] = &[
     "rdma_core:cq_schedule",
     "rdma_core:cq_reschedule",
     "rdma_core:cq_process",
+    "rdma_core:cq_poll",
     "rdma_core:cq_free",
 ];
 
