@@ -137,7 +137,8 @@ impl NvmeOverRdma {
 
 /// The host's block device of the subsystem's namespace, once the host has scanned it (the
 /// scan runs after `nvme connect` returns). With native multipath the disk's `device` is the
-/// subsystem, without it the controller: both carry `subsysnqn`.
+/// subsystem, without it the controller: both carry `subsysnqn`; the multipath's path disks
+/// (`nvme0c0n1`) carry it too, but take no I/O of their own.
 fn wait_for_namespace() -> String {
     let start = Instant::now();
     loop {
@@ -145,7 +146,9 @@ fn wait_for_namespace() -> String {
             .expect("/sys/block")
             .filter_map(Result::ok)
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|name| name.starts_with("nvme"))
+            // The disk (nvme0n1), not a multipath path (nvme0c0n1: hidden, no device node).
+            .filter(|name| name.starts_with("nvme") && !name.contains('c'))
+            .filter(|name| Path::new("/dev").join(name).exists())
             .find(|name| {
                 std::fs::read_to_string(format!("/sys/block/{name}/device/subsysnqn"))
                     .is_ok_and(|n| n.trim() == NQN)
@@ -416,6 +419,64 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
     assert!(
         p50_ns >= kernel_us * 1000.0 / 2.0 && p50_ns <= (kernel_us + 1.0) * 1000.0 * 2.0,
         "ib_cq wakeup p50 {p50_ns} ns, the kernel's cq_process latency p50 {kernel_us} µs"
+    );
+
+    // The per-CQ list. Independent truths: `rdma res show cq` (RDMA netlink, the restrack ids
+    // per device), the pools' poll contexts in the kernel's sources (nvme-rdma's queues take
+    // IB_POLL_SOFTIRQ CQs, nvmet-rdma's IB_POLL_WORKQUEUE), and the row's own count and the
+    // driver's CQE count (rxe_cq_post), which the per-CQ counts split.
+    let res = run_ok(Command::new("rdma").args(["-j", "res", "show", "cq"]));
+    let res: serde_json::Value = serde_json::from_slice(&res.stdout).expect("rdma -j JSON");
+    let known: Vec<(String, u64)> = res
+        .as_array()
+        .expect("rdma res show cq: a list")
+        .iter()
+        .map(|c| {
+            (
+                c["ifname"].as_str().expect("ifname").to_owned(),
+                c["cqn"].as_u64().expect("cqn"),
+            )
+        })
+        .collect();
+    let cqs = phase["cqs"].as_array().expect("cqs");
+    eprintln!("nvme: cqs {cqs:?}; rdma res show cq {known:?}");
+    let mut side_completions = [0u64; 2];
+    for c in cqs {
+        let dev = c["device"]
+            .as_str()
+            .unwrap_or_else(|| panic!("unlabelled CQ {c}"));
+        let id = c["id"].as_u64().expect("id");
+        assert!(
+            known.contains(&(dev.to_owned(), id)),
+            "CQ {dev}/{id} is not in rdma res show cq: {known:?}"
+        );
+        let completions = c["completions"].as_u64().expect("completions");
+        // The nvme CQs (dd's reads spread over the queues' CQs), not the MAD layer's, which
+        // carries none of dd's traffic.
+        if completions >= N / 10 {
+            let (side, ctx) = match dev {
+                "rxe1" => (0, "softirq"),
+                "rxe0" => (1, "workqueue"),
+                _ => panic!("CQ {c} on neither test bed device"),
+            };
+            assert_eq!(c["poll_ctx"], ctx, "{c}");
+            side_completions[side] += completions;
+        }
+    }
+    assert!(
+        side_completions.iter().all(|&n| n >= N),
+        "each side's CQs polled a RECV per read: host (rxe1), target (rxe0): {side_completions:?}"
+    );
+    let sum = |key: &str| -> u64 { cqs.iter().map(|c| c[key].as_u64().expect(key)).sum() };
+    assert_eq!(
+        sum("wakeups"),
+        wakeups,
+        "the per-CQ wake-ups split the row's count"
+    );
+    let completions = sum("completions");
+    assert!(
+        completions.abs_diff(posted) <= 16,
+        "the CQs' polls returned {completions} completions, rxe posted {posted} CQEs in the window"
     );
     drop(nvme);
     assert!(
