@@ -424,7 +424,9 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
     // The per-CQ list. Independent truths: `rdma res show cq` (RDMA netlink, the restrack ids
     // per device), the pools' poll contexts in the kernel's sources (nvme-rdma's queues take
     // IB_POLL_SOFTIRQ CQs, nvmet-rdma's IB_POLL_WORKQUEUE), and the row's own count and the
-    // driver's CQE count (rxe_cq_post), which the per-CQ counts split.
+    // driver's CQE count (rxe_cq_post), which the per-CQ counts split. Not `rdma res`'s
+    // poll-ctx: iproute2 names the values in the enum's pre-5.9 order (its 0 is DIRECT, the
+    // kernel's is SOFTIRQ), so it prints the host's softirq CQs as DIRECT.
     let res = run_ok(Command::new("rdma").args(["-j", "res", "show", "cq"]));
     let res: serde_json::Value = serde_json::from_slice(&res.stdout).expect("rdma -j JSON");
     let known: Vec<(String, u64)> = res
