@@ -7,6 +7,7 @@
 #![no_std]
 
 pub mod cq;
+pub mod ibcq;
 
 pub mod syscalls;
 
@@ -156,6 +157,9 @@ mod user {
     unsafe impl aya::Pod for super::KSlot {}
     // SAFETY: ProbeRow is repr(C), Copy, made of u64 arrays with no padding.
     unsafe impl aya::Pod for super::ProbeRow {}
+    // SAFETY: IbCqStat is repr(C), Copy, u32s then bytes then u64s, 8-byte aligned with no
+    // padding (16 + 16 + 40 bytes): any bit pattern is valid.
+    unsafe impl aya::Pod for super::ibcq::IbCqStat {}
 }
 
 #[cfg(test)]

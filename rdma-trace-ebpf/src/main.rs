@@ -10,6 +10,8 @@
 //! - softirq duration per vector, from the `softirq_entry`/`softirq_exit` raw tracepoints;
 //! - hard IRQ handler duration per IRQ number, from `irq_handler_entry`/`irq_handler_exit`;
 //! - NAPI polls: count, and a histogram of packets handled per poll (`napi_poll`);
+//! - the ib_cq API's wake-up delay: a kernel consumer's CQ scheduled (`rdma_core:cq_schedule`
+//!   or `cq_reschedule`) → its poll starts (`cq_process`), per CQ (`CQ_WAKEUP_PROBE`);
 //! - user-space function duration (`uentry`/`ureturn`, uprobes; the probe id is the attach
 //!   cookie), counted only for the processes the loader puts in `TGIDS`.
 //!
@@ -38,6 +40,7 @@ mod workload;
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_buf},
     macros::{fentry, fexit, kprobe, kretprobe, map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray},
     programs::{FEntryContext, FExitContext, ProbeContext, RawTracePointContext, RetProbeContext},
@@ -45,6 +48,7 @@ use aya_ebpf::{
 use rdma_trace_common::{
     C_EVENTS, C_UNMATCHED, IntervalProbes, KSlot, MAX_INTERVALS, MAX_IRQS, MAX_KSLOTS, MAX_PROBES,
     NO_PROBE, NR_SOFTIRQS, ProbeRow, hist_slot,
+    ibcq::{IBCQ_COMPLETIONS, IBCQ_DELAY_NS, IBCQ_POLLS, IBCQ_UNMATCHED, IBCQ_WAKEUPS, IbCqStat},
     workload::{
         MAX_PROCS, TL_FUNC_ENTRY, TL_FUNC_RETURN, TL_IRQ_ENTRY, TL_IRQ_EXIT, TL_NAPI_POLL,
         TL_SOFTIRQ_ENTRY, TL_SOFTIRQ_EXIT,
@@ -62,6 +66,23 @@ static SOFTIRQ_PROBE: [u32; NR_SOFTIRQS as usize] = [NO_PROBE; NR_SOFTIRQS as us
 /// Probe counting NAPI polls (histogram: packets per poll), or NO_PROBE.
 #[unsafe(no_mangle)]
 static NAPI_PROBE: u32 = NO_PROBE;
+/// Probe timing the ib_cq API's wake-ups (cq_schedule → cq_process), or NO_PROBE.
+#[unsafe(no_mangle)]
+static CQ_WAKEUP_PROBE: u32 = NO_PROBE;
+/// Where the per-CQ labels are in `struct ib_cq` (`res.id`, `poll_ctx`, `comp_vector`,
+/// `device`) and `struct ib_device` (`name`), from BTF, when `IBCQ_LABELS` is 1.
+#[unsafe(no_mangle)]
+static IBCQ_LABELS: u32 = 0;
+#[unsafe(no_mangle)]
+static IBCQ_OFF_RES_ID: u32 = 0;
+#[unsafe(no_mangle)]
+static IBCQ_OFF_POLL_CTX: u32 = 0;
+#[unsafe(no_mangle)]
+static IBCQ_OFF_COMP_VECTOR: u32 = 0;
+#[unsafe(no_mangle)]
+static IBCQ_OFF_DEVICE: u32 = 0;
+#[unsafe(no_mangle)]
+static IBCQ_OFF_DEV_NAME: u32 = 0;
 /// Probe of each interval.
 #[unsafe(no_mangle)]
 static INTERVAL_PROBE: IntervalProbes = [NO_PROBE; MAX_INTERVALS as usize];
@@ -97,6 +118,13 @@ static TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PROCS, 0);
 /// Start time of each interval (global: the end usually runs on another CPU and thread).
 #[map]
 static INTERVAL_START: Array<u64> = Array::with_max_entries(MAX_INTERVALS, 0);
+/// When each kernel CQ (keyed by its `struct ib_cq *`) was last scheduled and not yet
+/// processed.
+#[map]
+static CQ_SCHEDULED: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
+/// Per kernel CQ (keyed by its `struct ib_cq *`): its labels and ib_cq API counts.
+#[map]
+static IBCQ: HashMap<u64, IbCqStat> = HashMap::with_max_entries(1024, 0);
 /// Probe timing the handlers of each traced IRQ number.
 #[map]
 static IRQ_PROBE: HashMap<u32, u32> = HashMap::with_max_entries(MAX_IRQS, 0);
@@ -449,6 +477,144 @@ pub fn napi_poll(ctx: RawTracePointContext) -> i32 {
             timeline::emit(TL_NAPI_POLL, 0, (work & 0xFFFF_FFFF) as u32, now());
         }
         record_in(r, work & 0xFFFF_FFFF);
+    }
+    0
+}
+
+// ---- the ib_cq API (rdma_core tracepoints of ib_core): TP_PROTO(struct ib_cq *cq) for
+// cq_schedule, cq_reschedule, cq_process and cq_free. The tracepoints' own fields (cq->res.id,
+// the latency from cq->timestamp) are filled only for ftrace; a raw tracepoint gets the CQ
+// pointer, which keys the start here.
+
+/// The CQ was scheduled (its completion handler ran, or a full budget re-scheduled it): its
+/// wake-up starts now. A second schedule before the poll restarts it, as the kernel's own
+/// `cq->timestamp` does.
+#[inline(always)]
+fn cq_scheduled(ctx: &RawTracePointContext) -> i32 {
+    if config(&CQ_WAKEUP_PROBE) != NO_PROBE {
+        let cq: u64 = ctx.arg(0);
+        let _ = CQ_SCHEDULED.insert(cq, now(), 0);
+    }
+    0
+}
+
+#[raw_tracepoint(tracepoint = "cq_schedule")]
+pub fn ibcq_schedule(ctx: RawTracePointContext) -> i32 {
+    cq_scheduled(&ctx)
+}
+
+#[raw_tracepoint(tracepoint = "cq_reschedule")]
+pub fn ibcq_reschedule(ctx: RawTracePointContext) -> i32 {
+    cq_scheduled(&ctx)
+}
+
+/// The value of `u32` at `base + off` in kernel memory (0 when unreadable).
+#[inline(always)]
+fn read_u32(base: u64, off: u32) -> u32 {
+    // SAFETY: bpf_probe_read_kernel checks the address; a fault gives an error, not a crash.
+    unsafe { bpf_probe_read_kernel((base + off as u64) as *const u32) }.unwrap_or(0)
+}
+
+/// The IBCQ entry of `cq`, made (with the CQ's labels, when their offsets are known) on its
+/// first event.
+#[inline(always)]
+fn ibcq_stat(cq: u64) -> Option<*mut IbCqStat> {
+    if let Some(p) = IBCQ.get_ptr_mut(cq) {
+        return Some(p);
+    }
+    let mut s = IbCqStat::default();
+    if config(&IBCQ_LABELS) == 1 {
+        let dev_off = config(&IBCQ_OFF_DEVICE);
+        s.id = read_u32(cq, config(&IBCQ_OFF_RES_ID));
+        s.poll_ctx = read_u32(cq, config(&IBCQ_OFF_POLL_CTX));
+        s.comp_vector = read_u32(cq, config(&IBCQ_OFF_COMP_VECTOR));
+        // SAFETY: as in `read_u32`.
+        let dev: u64 =
+            unsafe { bpf_probe_read_kernel((cq + dev_off as u64) as *const u64) }.unwrap_or(0);
+        if dev != 0 {
+            let name = (dev + config(&IBCQ_OFF_DEV_NAME) as u64) as *const u8;
+            // SAFETY: as in `read_u32`; the buffer is the local's own.
+            let _ = unsafe { bpf_probe_read_kernel_buf(name, &mut s.device) };
+            s.labelled = 1;
+        }
+    }
+    // BPF_NOEXIST: another CPU may have made it meanwhile; either entry is the CQ's.
+    let _ = IBCQ.insert(cq, s, 1);
+    IBCQ.get_ptr_mut(cq)
+}
+
+/// Adds `n` to counter `c` of a CQ's entry (atomically: CPUs share it).
+#[inline(always)]
+fn ibcq_add(s: *mut IbCqStat, c: usize, n: u64) {
+    // SAFETY: `s` points into a map value, valid while the program runs; the u64 is aligned.
+    if let Some(p) = unsafe { (*s).counters.get_mut(c) } {
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                p, n,
+            )
+        };
+    }
+}
+
+/// The CQ's poll starts (softirq or kworker): one wake-up, timed from its schedule.
+#[raw_tracepoint(tracepoint = "cq_process")]
+pub fn ibcq_process(ctx: RawTracePointContext) -> i32 {
+    let probe = config(&CQ_WAKEUP_PROBE);
+    if probe != NO_PROBE
+        && let Some(r) = row(probe)
+    {
+        let t = now();
+        let cq: u64 = ctx.arg(0);
+        count_in(probe, r, C_EVENTS);
+        let stat = ibcq_stat(cq);
+        if let Some(s) = stat {
+            ibcq_add(s, IBCQ_WAKEUPS, 1);
+        }
+        // SAFETY: the value is copied out before the entry is removed.
+        match unsafe { CQ_SCHEDULED.get(cq) }.copied() {
+            Some(start) => {
+                let _ = CQ_SCHEDULED.remove(cq);
+                let delay = t.saturating_sub(start);
+                record_in(r, delay);
+                if let Some(s) = stat {
+                    ibcq_add(s, IBCQ_DELAY_NS, delay);
+                }
+            }
+            None => {
+                count_in(probe, r, C_UNMATCHED);
+                if let Some(s) = stat {
+                    ibcq_add(s, IBCQ_UNMATCHED, 1);
+                }
+            }
+        }
+    }
+    0
+}
+
+/// One poll of the ib_cq API: TP_PROTO(struct ib_cq *cq, int requested, int rc).
+#[raw_tracepoint(tracepoint = "cq_poll")]
+pub fn ibcq_poll(ctx: RawTracePointContext) -> i32 {
+    if config(&CQ_WAKEUP_PROBE) != NO_PROBE {
+        let cq: u64 = ctx.arg(0);
+        let rc = ctx.arg::<u64>(2) as u32 as i32;
+        if let Some(s) = ibcq_stat(cq) {
+            ibcq_add(s, IBCQ_POLLS, 1);
+            if rc > 0 {
+                ibcq_add(s, IBCQ_COMPLETIONS, rc as u64);
+            }
+        }
+    }
+    0
+}
+
+/// A CQ is freed: its pending start and its entry go (the address can be a new CQ's next; a
+/// CQ freed within the window leaves the per-CQ list, its wake-ups stay in the row).
+#[raw_tracepoint(tracepoint = "cq_free")]
+pub fn ibcq_free(ctx: RawTracePointContext) -> i32 {
+    if config(&CQ_WAKEUP_PROBE) != NO_PROBE {
+        let cq: u64 = ctx.arg(0);
+        let _ = CQ_SCHEDULED.remove(cq);
+        let _ = IBCQ.remove(cq);
     }
     0
 }

@@ -260,6 +260,7 @@ impl Bpf {
             l.override_global("KSLOTS", &kslots, true)
                 .override_global("SOFTIRQ_PROBE", &plan.softirq_probe, true)
                 .override_global("NAPI_PROBE", &plan.napi_probe, true)
+                .override_global("CQ_WAKEUP_PROBE", &plan.cq_wakeup_probe, true)
                 .override_global("INTERVAL_PROBE", &plan.interval_probe, true)
                 .override_global(crate::bpf::log::LEVEL_GLOBAL, &log_level, false)
         })?;
@@ -370,6 +371,15 @@ impl Bpf {
         });
         let napi = (plan.napi_probe != NO_PROBE)
             .then(|| self.attach_raw_tracepoints(&[("napi_poll", "napi_poll")]));
+        let cq_wakeup = (plan.cq_wakeup_probe != NO_PROBE).then(|| {
+            self.attach_raw_tracepoints(&[
+                ("ibcq_schedule", "cq_schedule"),
+                ("ibcq_reschedule", "cq_reschedule"),
+                ("ibcq_process", "cq_process"),
+                ("ibcq_poll", "cq_poll"),
+                ("ibcq_free", "cq_free"),
+            ])
+        });
         let irq_map = plan.irq_map();
         let irq = (!irq_map.is_empty()).then(|| match self.fill_irq_map(&irq_map) {
             Ok(()) => self.attach_raw_tracepoints(&[
@@ -414,6 +424,7 @@ impl Bpf {
                     },
                     Shape::Softirq { .. } => softirq.clone(),
                     Shape::NapiPoll => napi.clone(),
+                    Shape::CqWakeup => cq_wakeup.clone(),
                     Shape::Irq { .. } => irq.clone(),
                     Shape::UserFunction { .. } => user.get(&p.id).cloned(),
                 };

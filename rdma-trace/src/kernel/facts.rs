@@ -83,6 +83,11 @@ impl Kernel {
         }
     }
 
+    /// The directory the kernel's files are read below (`/` for the running kernel).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     fn path(&self, abs: &str) -> PathBuf {
         self.root.join(abs.trim_start_matches('/'))
     }

@@ -344,6 +344,8 @@ pub struct Plan {
     pub functions: Vec<FunctionSlot>,
     pub softirq_probe: [u32; NR_SOFTIRQS as usize],
     pub napi_probe: u32,
+    /// The ib_cq wake-up row (`CQ_WAKEUP_PROBE`), or NO_PROBE.
+    pub cq_wakeup_probe: u32,
     pub interval_probe: [u32; MAX_INTERVALS as usize],
 }
 
@@ -393,6 +395,7 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
         functions: Vec::new(),
         softirq_probe: [NO_PROBE; NR_SOFTIRQS as usize],
         napi_probe: NO_PROBE,
+        cq_wakeup_probe: NO_PROBE,
         interval_probe: [NO_PROBE; MAX_INTERVALS as usize],
     };
     let mut intervals = 0u32;
@@ -436,6 +439,7 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
                 }
                 &Shape::Softirq { vector } => plan.softirq_probe[vector as usize] = id,
                 Shape::NapiPoll => plan.napi_probe = id,
+                Shape::CqWakeup => plan.cq_wakeup_probe = id,
                 Shape::Irq { .. } | Shape::UserFunction { .. } => {}
             }
         }
@@ -546,6 +550,8 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
         }
         Shape::NapiPoll => tracepoint(facts, def, &["napi:napi_poll"])
             .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
+        Shape::CqWakeup => tracepoint(facts, def, CQ_WAKEUP_EVENTS)
+            .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
         Shape::UserFunction { library, .. } => {
             if !opts.uprobes {
                 Decision::Skip(SkipReason::UprobesOptIn)
@@ -578,6 +584,16 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
         }
     }
 }
+
+/// The tracepoints of the ib_cq wake-up row ([`Shape::CqWakeup`]), in ib_core: listed in
+/// available_events once ib_core is loaded.
+pub const CQ_WAKEUP_EVENTS: &[&str] = &[
+    "rdma_core:cq_schedule",
+    "rdma_core:cq_reschedule",
+    "rdma_core:cq_process",
+    "rdma_core:cq_poll",
+    "rdma_core:cq_free",
+];
 
 /// `Some(Skip)` when tracefs lists events and one of `events` is missing.
 fn tracepoint(facts: &Facts, _def: &ProbeDef, events: &[&str]) -> Option<Decision> {
@@ -695,6 +711,38 @@ mod tests {
             &root,
         );
         root
+    }
+
+    #[test]
+    fn the_ib_cq_wakeup_row_needs_the_rdma_core_tracepoints() {
+        // The fixture's tracefs lists no rdma_core event: the row says which one it lacks.
+        let p = plan(PROBES, &facts("guest-6.1-rxe"), Options::default());
+        assert_skipped(&p, "ib_cq wakeup", &["rdma_core:cq_schedule"]);
+        assert_eq!(p.cq_wakeup_probe, NO_PROBE);
+        // With ib_core's events listed (as the 6.1 and 6.12 guests list them), it is a raw
+        // tracepoint row and the eBPF global names its probe.
+        let root = fixture_copy("guest-6.1-rxe", "rdma-core");
+        let events = root.join("sys/kernel/tracing/available_events");
+        let mut text = std::fs::read_to_string(&events).unwrap();
+        for e in CQ_WAKEUP_EVENTS {
+            text.push_str(&format!("{e}\n"));
+        }
+        std::fs::write(&events, text).unwrap();
+        let k = Kernel::at(&root);
+        let p = plan(PROBES, &Facts::gather(&k, PROBES), Options::default());
+        assert_eq!(methods(&p, "ib_cq wakeup"), [Method::RawTracepoint]);
+        let id = p
+            .probes
+            .iter()
+            .find(|q| q.def.name == "ib_cq wakeup")
+            .unwrap()
+            .id;
+        assert_eq!(p.cq_wakeup_probe, id);
+        // One event short is still a skip.
+        let text = std::fs::read_to_string(&events).unwrap();
+        std::fs::write(&events, text.replace("rdma_core:cq_free\n", "")).unwrap();
+        let p = plan(PROBES, &Facts::gather(&k, PROBES), Options::default());
+        assert_skipped(&p, "ib_cq wakeup", &["rdma_core:cq_free"]);
     }
 
     #[test]

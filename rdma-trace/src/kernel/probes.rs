@@ -78,6 +78,9 @@ pub enum Shape {
     Irq { patterns: Patterns },
     /// NAPI polls: count, and packets handled per poll.
     NapiPoll,
+    /// The ib_cq API's wake-up of kernel consumers' CQs: scheduled (`rdma_core:cq_schedule`,
+    /// `cq_reschedule`) → the poll starts (`cq_process`), matched per CQ (ns).
+    CqWakeup,
     /// Entry → return of a function in a shared library, in the watched processes (ns).
     UserFunction {
         library: &'static str,
@@ -381,6 +384,21 @@ pub const PROBES: &[ProbeDef] = &[
         since: None,
         // Its end function counts each process's reads in workload runs.
         role: Role::Reads,
+        preset: Preset::Full,
+    },
+    // ---- generic: the ib_cq API of the kernel's own consumers (NVMe-oF, NFS/RDMA, iSER, the
+    // MAD layer): the CQ's completion handler schedules its poll, which runs in softirq
+    // (irq_poll) or in an ib-comp-wq kworker.
+    ProbeDef {
+        name: Cow::Borrowed("ib_cq wakeup"),
+        what: "a kernel consumer's CQ scheduled (rdma_core:cq_schedule, or cq_reschedule after a full budget) → its poll starts (cq_process) in softirq or an ib-comp-wq kworker",
+        driver: Driver::Generic,
+        shape: Shape::CqWakeup,
+        methods: TRACEPOINT,
+        zero_note: Some("no kernel consumer (NVMe-oF, NFS over RDMA, ...) took completions through the ib_cq API; user-space verbs never do"),
+        module: Some("ib_core"),
+        since: None,
+        role: Role::Stage,
         preset: Preset::Full,
     },
     // ---- mlx5 (mlx5_core + mlx5_ib, 6.1 and 6.12): IRQ mlx5_comp<N> → irq_int_handler →

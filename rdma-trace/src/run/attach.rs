@@ -9,7 +9,11 @@ use anyhow::Result;
 use super::{config::RunConfig, timeline::TimelineRun};
 use crate::{
     bpf::{calibrate::Calibration, session::Session},
-    kernel::{facts::Kernel, plan::Options, probes::PROBES},
+    kernel::{
+        facts::Kernel,
+        plan::Options,
+        probes::{PROBES, Shape},
+    },
     load::workload::Extra,
     waterfall::{self, Waterfall},
 };
@@ -36,6 +40,14 @@ pub fn attach(
         PROBES,
         extra.workload != rdma_trace_common::workload::WL_OFF,
     );
+    // The ib_cq wakeup row labels each kernel CQ from ib_core's BTF.
+    let mut config = extra.object_config();
+    if defs.iter().any(|d| d.shape == Shape::CqWakeup) {
+        match waterfall::ib_cq_label_globals(kernel.root()) {
+            Ok(globals) => config.globals.extend(globals),
+            Err(e) => eprintln!("rdma-trace: kernel CQs are counted without labels: {e:#}"),
+        }
+    }
     let mut session = Session::start_with(
         kernel,
         &defs,
@@ -44,7 +56,7 @@ pub fn attach(
             uprobes: args.uprobes,
         }
         .with_preset(args.probes),
-        &extra.object_config(),
+        &config,
     )?;
     // The session's probes are on the RDMA path, softirqs and IRQs: the umask calls of the
     // calibration hit none of them.

@@ -153,6 +153,7 @@ pub async fn run(args: &RunConfig, spec: &DemoLoad) -> Result<Option<i32>> {
             completion_mode: completion_mode(&probes).0,
             demo: Some(demo_json),
             probes,
+            cqs: Vec::new(),
             processes: Vec::new(),
             overhead,
             dropped,

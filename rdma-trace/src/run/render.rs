@@ -330,6 +330,7 @@ mod tests {
             completion_mode: "completion events",
             demo: None,
             probes,
+            cqs: Vec::new(),
             processes: Vec::new(),
             overhead: Overhead::between("bpf_enable_stats", &[], &[], u, u),
             dropped: Vec::new(),

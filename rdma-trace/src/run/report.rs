@@ -136,6 +136,10 @@ pub struct Phase {
     /// The demo's own `--json` results (`null` for other loads).
     pub demo: Option<serde_json::Value>,
     pub probes: Vec<ProbeReport>,
+    /// The kernel consumers' CQs (NVMe-oF, NFS over RDMA, the MAD layer) the ib_cq API woke or
+    /// polled in this phase, with their labels (the `ib_cq wakeup` row, full preset; empty
+    /// otherwise, and in the demo's phases).
+    pub cqs: Vec<crate::bpf::ibcq::CqReport>,
     /// The traced processes and their counts (the demo's phases: empty).
     pub processes: Vec<ProcessReport>,
     /// What tracing cost during this phase.

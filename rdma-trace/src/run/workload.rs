@@ -14,7 +14,7 @@ use super::{
 };
 use crate::bpf::loader::check_privileges;
 use crate::{
-    bpf::session::Session,
+    bpf::{ibcq, session::Session},
     error::Usage,
     kernel::facts::Kernel,
     load::workload::{self, Extra, ProcessCounts, Target},
@@ -98,6 +98,11 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         session.attach_table()
     );
 
+    // The window opens before the command starts: the processes' counts and the probes'
+    // baseline are taken first, so that the command's first completions are in the report.
+    let procs_before = workload::read_processes(session.bpf().ebpf())?;
+    let cqs_before = ibcq::read(session.bpf().ebpf())?;
+    let base = Baseline::new(&session, wf.as_ref().zip(wf_before.clone()))?;
     let mut live = args.live_view();
     let (mut child, held) = match &target {
         Target::Command(cmd) => {
@@ -108,14 +113,12 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         }
         _ => (None, None),
     };
-    // The processes' counts start with the window, next to the probes' baseline.
-    let procs_before = workload::read_processes(session.bpf().ebpf())?;
-    let (window, probes, overhead, wf_window, stalls, procs_after) = {
+    let (window, probes, overhead, wf_window, stalls, procs_after, cqs) = {
         let mut src = WorkloadSource {
             session: &session,
             label: label.clone(),
             target: target.clone(),
-            base: Baseline::new(&session, wf.as_ref().zip(wf_before.clone()))?,
+            base,
         };
         let window = live.watch(&mut src, args.duration, child.as_mut()).await?;
         let overhead = src.base.overhead(&session);
@@ -127,9 +130,18 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         let (wf_window, stalls) =
             super::report::waterfall_window(wf.as_ref().zip(wf_before.as_ref()))?;
         let procs_after = workload::read_processes(session.bpf().ebpf())?;
+        let cqs = ibcq::reports(&ibcq::read(session.bpf().ebpf())?, &cqs_before);
         let data = delta(&after, &before);
         let probes = probe_reports(&session, &data, window.seconds);
-        (window, probes, overhead, wf_window, stalls, procs_after)
+        (
+            window,
+            probes,
+            overhead,
+            wf_window,
+            stalls,
+            procs_after,
+            cqs,
+        )
     };
     let interrupted = if window.ended_by != "quit" && !window.interrupted() {
         live.linger("run finished").await?
@@ -186,6 +198,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         completion_mode,
         demo: None,
         probes,
+        cqs,
         processes,
         overhead,
         dropped: Vec::new(),
@@ -217,7 +230,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
             None => "unknown (ib_uverbs_comp_handler is not attached)".to_owned(),
         },
         render_processes(&phase.processes, &target),
-    );
+    ) + &render_cqs(&phase.cqs);
     let mut text = report_text.phase(true, &title, &load_text, &budget, &phase);
     if let Some(s) = &timeline {
         text.push_str(&format!("{}\n", super::timeline::summary_line(s)));
@@ -339,6 +352,47 @@ fn render_processes(list: &[ProcessReport], target: &Target) -> String {
             } else {
                 counts.join(", ")
             }
+        ));
+    }
+    out
+}
+
+/// The kernel consumers' CQs, one line each; nothing when none was woken or polled.
+fn render_cqs(list: &[ibcq::CqReport]) -> String {
+    if list.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "kernel CQs (ib_cq API: NVMe-oF, NFS over RDMA, the MAD layer; wake-up = cq_schedule → cq_process):
+",
+    );
+    out.push_str(&format!(
+        "  {:<16} {:>5} {:<17} {:>6} {:>9} {:>9} {:>12} {:>9} {:>11}
+",
+        "device",
+        "cq",
+        "poll ctx",
+        "vector",
+        "wake-ups",
+        "unmatched",
+        "mean wake-up",
+        "polls",
+        "completions"
+    ));
+    for c in list {
+        out.push_str(&format!(
+            "  {:<16} {:>5} {:<17} {:>6} {:>9} {:>9} {:>12} {:>9} {:>11}
+",
+            c.device.as_deref().unwrap_or("?"),
+            c.id.map_or("?".to_owned(), |i| i.to_string()),
+            c.poll_ctx.unwrap_or("?"),
+            c.comp_vector.map_or("?".to_owned(), |v| v.to_string()),
+            c.wakeups,
+            c.unmatched,
+            c.mean_delay_ns
+                .map_or("-".to_owned(), |ns| format!("{:.1}us", ns / 1000.0)),
+            c.polls,
+            c.completions,
         ));
     }
     out

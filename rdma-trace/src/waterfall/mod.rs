@@ -102,6 +102,39 @@ fn btf_offsets(root: &Path) -> Result<Offsets> {
     })
 }
 
+/// The globals of the `ib_cq wakeup` row's per-CQ labels (`IBCQ_OFF_*`): where `struct ib_cq`'s
+/// `res.id`, `poll_ctx`, `comp_vector` and `device` are, and `struct ib_device`'s `name`, from
+/// ib_core's BTF. An error says what is missing: the eBPF programs then count the CQs
+/// unlabelled.
+pub fn ib_cq_label_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
+    let dir = root.join("sys/kernel/btf");
+    let read = |name: &str| {
+        std::fs::read(dir.join(name))
+            .with_context(|| format!("reading {}", dir.join(name).display()))
+    };
+    let base = Btf::parse(&read("vmlinux")?, None).context("parsing vmlinux BTF")?;
+    let b = Btf::parse(&read("ib_core")?, Some(base)).context("parsing ib_core BTF")?;
+    let offsets = [
+        1,
+        b.member_offset("ib_cq", "res")? + b.member_offset("rdma_restrack_entry", "id")?,
+        b.member_offset("ib_cq", "poll_ctx")?,
+        b.member_offset("ib_cq", "comp_vector")?,
+        b.member_offset("ib_cq", "device")?,
+        b.member_offset("ib_device", "name")?,
+    ];
+    Ok([
+        "IBCQ_LABELS",
+        "IBCQ_OFF_RES_ID",
+        "IBCQ_OFF_POLL_CTX",
+        "IBCQ_OFF_COMP_VECTOR",
+        "IBCQ_OFF_DEVICE",
+        "IBCQ_OFF_DEV_NAME",
+    ]
+    .into_iter()
+    .zip(offsets)
+    .collect())
+}
+
 /// Why ib_uverbs' BTF (`dir/ib_uverbs`) could not be read (`e`): the module is not loaded, or the
 /// kernel has no module BTF at all (CONFIG_DEBUG_INFO_BTF_MODULES came in Linux 5.11: 5.10 has
 /// only vmlinux's), or something else.

@@ -90,6 +90,11 @@ pub fn prepare(kernel: Kernel, bench: bool) -> Result<Base> {
             .map(|s| format!("driver {s}")),
     );
     stamp_input.extend(
+        packages::CONSUMER_MODULES
+            .iter()
+            .map(|s| format!("consumer {s}")),
+    );
+    stamp_input.extend(
         packages::required_config(kernel)
             .iter()
             .map(|s| s.to_string()),
@@ -374,12 +379,19 @@ fn build_base_from(
         .map(|d| kroot.join(d).join(&kver))
         .find(|d| d.is_dir())
         .context("no lib/modules/<version> in the kernel package")?;
-    let (order, drivers, images) = modules(kernel, &moddir)?;
-    for (root, list) in drivers {
-        tree.add(
-            &format!("usr/lib/modules/drivers/{root}.list"),
-            Node::data(0o644, format!("{}\n", list.join("\n")).into_bytes()),
-        );
+    let Modules {
+        order,
+        drivers,
+        consumers,
+        images,
+    } = modules(kernel, &moddir)?;
+    for (dir, lists) in [("drivers", drivers), ("consumers", consumers)] {
+        for (root, list) in lists {
+            tree.add(
+                &format!("usr/lib/modules/{dir}/{root}.list"),
+                Node::data(0o644, format!("{}\n", list.join("\n")).into_bytes()),
+            );
+        }
     }
     for (name, data) in images {
         tree.add(
@@ -504,14 +516,23 @@ fn check_config(config: &str, required: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Module images by name.
-type ModuleImages = BTreeMap<String, Vec<u8>>;
-/// Per driver root (`packages::DRIVER_MODULES`), its load order.
-type DriverLists = Vec<(String, Vec<String>)>;
+/// Per module root, its load order.
+type RootLists = Vec<(String, Vec<String>)>;
 
-/// The load order of the module roots and their dependencies, the load order of each driver
-/// root the package has (`packages::DRIVER_MODULES`), and each module's (decompressed) image.
-fn modules(kernel: Kernel, moddir: &Path) -> Result<(Vec<String>, DriverLists, ModuleImages)> {
+/// The modules that go into the image.
+struct Modules {
+    /// The load order of the module roots and their dependencies (loaded at boot).
+    order: Vec<String>,
+    /// The load order of each driver root the package has (`packages::DRIVER_MODULES`).
+    drivers: RootLists,
+    /// The load order of each consumer root (`packages::CONSUMER_MODULES`).
+    consumers: RootLists,
+    /// Each module's (decompressed) image, by name.
+    images: BTreeMap<String, Vec<u8>>,
+}
+
+/// The modules of the image, from the kernel package's module directory `moddir`.
+fn modules(kernel: Kernel, moddir: &Path) -> Result<Modules> {
     let mut files: HashMap<String, PathBuf> = HashMap::new();
     walk_files(&moddir.join("kernel"), &mut |p| {
         if let Some(name) = p
@@ -547,7 +568,21 @@ fn modules(kernel: Kernel, moddir: &Path) -> Result<(Vec<String>, DriverLists, M
             drivers.push((root.to_string(), kmod::load_order(&[root], &mut deps_of)?));
         }
     }
-    Ok((order, drivers, images))
+    let mut consumers = Vec::new();
+    for root in packages::CONSUMER_MODULES {
+        let list = kmod::load_order(&[root], &mut deps_of)
+            .with_context(|| format!("the load order of consumer module {root}"))?;
+        if list.is_empty() {
+            bail!("consumer module {root} is built in: the guest test expects a module");
+        }
+        consumers.push((root.to_string(), list));
+    }
+    Ok(Modules {
+        order,
+        drivers,
+        consumers,
+        images,
+    })
 }
 
 /// A module's bytes; `.ko.xz` (6.12) is decompressed with xz.

@@ -59,7 +59,9 @@ pub fn kernel_package(kernel: Kernel) -> KernelPackage {
 /// Guest userland (bookworm), unpacked with `dpkg -x`, never installed on the host: busybox for the
 /// init, bash for the commands, libibverbs + the rxe provider + ibverbs-utils + perftest, the
 /// rdma_cm programs (rdmacm-utils: rping, rdma_server/rdma_client, ucmatose; qperf), iproute2
-/// (`ip`, `rdma`) and every library these link.
+/// (`ip`, `rdma`), nvme-cli (`nvme connect -t rdma` to the NVMe over RDMA target) and every
+/// library these link. fio is left out: Debian links it with librados, librbd and libgfapi, whose
+/// closure is most of Ceph; the NVMe guest test reads with busybox `dd iflag=direct`.
 pub const USERLAND: &[&str] = &[
     "busybox-static",
     "bash",
@@ -99,6 +101,9 @@ pub const USERLAND: &[&str] = &[
     "libkeyutils1",
     "libatm1",
     "libssl3",
+    "nvme-cli",
+    "libnvme1",
+    "libjson-c5",
 ];
 
 /// Added to `USERLAND` in the bench image (`GuestRun::bench`): bpftrace and bpftool for
@@ -151,6 +156,13 @@ pub const MODULE_ROOTS: &[&str] = &[
 /// `cargo xtask fixtures` load them. A root the kernel package lacks (Debian's 6.1 builds neither
 /// bnxt_re nor mana_ib) has no list.
 pub const DRIVER_MODULES: &[&str] = &["mlx5_ib", "irdma", "bnxt_re", "mana_ib"];
+
+/// The kernel's own RDMA consumers: in the image but NOT loaded at boot. Each root's load order,
+/// dependencies first, is in `/lib/modules/consumers/<root>.list`; the NVMe over RDMA guest test
+/// loads them (nvmet_rdma brings nvmet and configfs, nvme_rdma brings nvme_fabrics and
+/// nvme_core, and null_blk is the target's namespace). Unlike a hardware driver, every root must be in the
+/// kernel package.
+pub const CONSUMER_MODULES: &[&str] = &["null_blk", "nvmet_rdma", "nvme_rdma"];
 
 /// Kernel options the project needs, checked in the package's `boot/config-*` (see
 /// [`required_config`]).

@@ -1,0 +1,488 @@
+//! NVMe over RDMA between the test bed's two Soft-RoCE devices: an nvmet-rdma target on rxe0
+//! (10.9.0.1:4420) exporting a null_blk namespace, an nvme-rdma host connected from rxe1
+//! (10.9.0.2), and direct 4 KiB reads of the namespace traced with `rdma-trace run -- CMD`.
+//! Kernel consumers poll their CQs in the kernel, so the driver's poll row (`rxe_poll_cq`),
+//! "expected 0" for the user-space verbs demos, counts here.
+
+use std::{
+    path::Path,
+    process::{Command, Output},
+    time::{Duration, Instant},
+};
+
+use super::harness::{count, run_json};
+
+/// The subsystem the target exports.
+const NQN: &str = "nqn.2014-08.org.rdma-trace:guest-nvme";
+/// The host's identity, given to `nvme connect` (the guest has no /etc/nvme/hostnqn).
+const HOST_ID: &str = "7c1d4b52-3e0a-4f6e-9b8d-5a2c6e1f0d93";
+const CONFIGFS: &str = "/sys/kernel/config";
+const NVMET: &str = "/sys/kernel/config/nvmet";
+/// The nvmet port id (configfs `ports/<id>`).
+const PORT: &str = "1";
+/// The target's block device (null_blk's first device).
+const NULLB: &str = "nullb0";
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"))
+}
+
+/// Runs `cmd` and fails the test, with its output, unless it succeeded.
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+fn write(path: &str, value: &str) {
+    std::fs::write(path, value).unwrap_or_else(|e| panic!("write {value:?} to {path}: {e}"));
+}
+
+/// Loads kernel consumer module `root` and what it needs, in the load order xtask computed
+/// (`/lib/modules/consumers/<root>.list`; the guest has no modprobe). Modules already loaded
+/// are left alone.
+fn load_consumer(root: &str, params: &[&str]) {
+    let list_path = format!("/lib/modules/consumers/{root}.list");
+    let list = std::fs::read_to_string(&list_path)
+        .unwrap_or_else(|e| panic!("{list_path} ({e}): is this the xtask guest image?"));
+    for m in list.lines().filter(|l| !l.is_empty()) {
+        if Path::new("/sys/module").join(m).exists() {
+            continue;
+        }
+        let mut insmod = Command::new("insmod");
+        insmod.arg(format!("/lib/modules/{m}.ko"));
+        if m == root {
+            insmod.args(params);
+        }
+        run_ok(&mut insmod);
+    }
+}
+
+/// The block counters of `/sys/block/<dev>/stat`: (reads completed, sectors read).
+fn block_reads(dev: &str) -> (u64, u64) {
+    let path = format!("/sys/block/{dev}/stat");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let f: Vec<u64> = text
+        .split_whitespace()
+        .map(|v| v.parse().expect("a counter"))
+        .collect();
+    (f[0], f[2])
+}
+
+/// An NVMe over RDMA target (nvmet-rdma on rxe0, null_blk namespace) and the host's connection
+/// to it (nvme-rdma via rxe1). Dropping it disconnects and removes the target, also when the
+/// test fails; the modules stay loaded.
+struct NvmeOverRdma {
+    /// The host's namespace block device (`nvme0n1`).
+    disk: String,
+}
+
+impl NvmeOverRdma {
+    fn connect() -> Self {
+        load_consumer("null_blk", &["nr_devices=1"]);
+        load_consumer("nvmet_rdma", &[]);
+        load_consumer("nvme_rdma", &[]);
+        if !Path::new(NVMET).exists() {
+            run_ok(Command::new("mount").args(["-t", "configfs", "configfs", CONFIGFS]));
+        }
+        // A previous run that died before its teardown left its target behind.
+        tear_down();
+        // From here on the guard removes whatever was made, whatever fails next.
+        let mut guard = NvmeOverRdma {
+            disk: String::new(),
+        };
+        let subsys = format!("{NVMET}/subsystems/{NQN}");
+        let ns = format!("{subsys}/namespaces/1");
+        let port = format!("{NVMET}/ports/{PORT}");
+        std::fs::create_dir(&subsys).unwrap_or_else(|e| panic!("mkdir {subsys}: {e}"));
+        write(&format!("{subsys}/attr_allow_any_host"), "1");
+        std::fs::create_dir(&ns).unwrap_or_else(|e| panic!("mkdir {ns}: {e}"));
+        write(&format!("{ns}/device_path"), &format!("/dev/{NULLB}"));
+        write(&format!("{ns}/enable"), "1");
+        std::fs::create_dir(&port).unwrap_or_else(|e| panic!("mkdir {port}: {e}"));
+        write(&format!("{port}/addr_trtype"), "rdma");
+        write(&format!("{port}/addr_adrfam"), "ipv4");
+        write(&format!("{port}/addr_traddr"), "10.9.0.1");
+        write(&format!("{port}/addr_trsvcid"), "4420");
+        std::os::unix::fs::symlink(&subsys, format!("{port}/subsystems/{NQN}"))
+            .unwrap_or_else(|e| panic!("linking {NQN} to port {PORT}: {e}"));
+        // The host: to 10.9.0.1 from 10.9.0.2, i.e. from rxe1 to rxe0.
+        run_ok(Command::new("nvme").args([
+            "connect",
+            "-t",
+            "rdma",
+            "-a",
+            "10.9.0.1",
+            "-s",
+            "4420",
+            "-w",
+            "10.9.0.2",
+            "-n",
+            NQN,
+            "--hostnqn",
+            &format!("nqn.2014-08.org.nvmexpress:uuid:{HOST_ID}"),
+            "--hostid",
+            HOST_ID,
+        ]));
+        guard.disk = wait_for_namespace();
+        guard
+    }
+}
+
+/// The host's block device of the subsystem's namespace, once the host has scanned it (the
+/// scan runs after `nvme connect` returns). With native multipath the disk's `device` is the
+/// subsystem, without it the controller: both carry `subsysnqn`; the multipath's path disks
+/// (`nvme0c0n1`) carry it too, but take no I/O of their own.
+fn wait_for_namespace() -> String {
+    let start = Instant::now();
+    loop {
+        let found = std::fs::read_dir("/sys/block")
+            .expect("/sys/block")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            // The disk (nvme0n1), not a multipath path (nvme0c0n1: hidden, no device node).
+            .filter(|name| name.starts_with("nvme") && !name.contains('c'))
+            .filter(|name| Path::new("/dev").join(name).exists())
+            .find(|name| {
+                std::fs::read_to_string(format!("/sys/block/{name}/device/subsysnqn"))
+                    .is_ok_and(|n| n.trim() == NQN)
+            });
+        if let Some(disk) = found {
+            return disk;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no namespace of {NQN} appeared within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Disconnects the host from the subsystem and removes the target's configfs entries, each step
+/// whether or not the one before it worked (a failed setup leaves any subset of them).
+fn tear_down() {
+    if Path::new("/dev/nvme-fabrics").exists() {
+        let _ = run(Command::new("nvme").args(["disconnect", "-n", NQN]));
+    }
+    let subsys = format!("{NVMET}/subsystems/{NQN}");
+    let ns = format!("{subsys}/namespaces/1");
+    let port = format!("{NVMET}/ports/{PORT}");
+    let _ = std::fs::remove_file(format!("{port}/subsystems/{NQN}"));
+    let _ = std::fs::remove_dir(&port);
+    let _ = std::fs::write(format!("{ns}/enable"), "0");
+    let _ = std::fs::remove_dir(&ns);
+    let _ = std::fs::remove_dir(&subsys);
+}
+
+impl Drop for NvmeOverRdma {
+    fn drop(&mut self) {
+        tear_down();
+    }
+}
+
+/// The ib_cq API's tracepoints a [`CqEvents`] instance records. cq_schedule and cq_reschedule
+/// are on for cq_process's own `latency` field: the kernel fills the CQ's timestamp only in
+/// their ftrace handlers.
+const CQ_EVENTS: &[&str] = &["cq_schedule", "cq_reschedule", "cq_process", "cq_poll"];
+
+/// A tracefs instance (its own ring buffer, apart from the top-level one the guest keeps tiny)
+/// recording the ib_cq API's `rdma_core` events: the kernel's own account of every CQ wake-up
+/// and poll of the ib_cq machinery. Removed when dropped.
+struct CqEvents {
+    dir: String,
+    started: Instant,
+}
+
+/// What a [`CqEvents`] instance recorded.
+struct CqRecord {
+    /// cq_poll events, and the completions they returned.
+    polls: u64,
+    returned: u64,
+    /// cq_process events, and their `latency` (µs since the CQ's last (re)schedule).
+    processes: u64,
+    latencies_us: Vec<i64>,
+    /// How long the instance recorded.
+    seconds: f64,
+}
+
+impl CqEvents {
+    fn start() -> Self {
+        let dir = "/sys/kernel/tracing/instances/rdma-trace-nvme".to_owned();
+        if Path::new(&dir).exists() {
+            Self::disable(&dir);
+            let _ = std::fs::remove_dir(&dir);
+        }
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {dir}: {e}"));
+        let events = CqEvents {
+            dir,
+            started: Instant::now(),
+        };
+        write(&format!("{}/buffer_size_kb", events.dir), "8192");
+        for e in CQ_EVENTS {
+            write(&format!("{}/events/rdma_core/{e}/enable", events.dir), "1");
+        }
+        events
+    }
+
+    fn disable(dir: &str) {
+        for e in CQ_EVENTS {
+            let _ = std::fs::write(format!("{dir}/events/rdma_core/{e}/enable"), "0");
+        }
+    }
+
+    /// Stops recording; what was recorded. Fails the test when the ring buffer dropped events.
+    fn stop(&self) -> CqRecord {
+        let seconds = self.started.elapsed().as_secs_f64();
+        write(&format!("{}/tracing_on", self.dir), "0");
+        let path = format!("{}/trace", self.dir);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        // "# entries-in-buffer/entries-written: 7878/7878   #P:2"
+        let header = text
+            .lines()
+            .find_map(|l| l.strip_prefix("# entries-in-buffer/entries-written: "))
+            .unwrap_or_else(|| panic!("no entries header in {path}"));
+        let (kept, written) = header
+            .split_whitespace()
+            .next()
+            .and_then(|f| f.split_once('/'))
+            .expect("kept/written");
+        assert_eq!(kept, written, "the trace instance dropped events");
+        let mut r = CqRecord {
+            polls: 0,
+            returned: 0,
+            processes: 0,
+            latencies_us: Vec::new(),
+            seconds,
+        };
+        // "cq_poll: cq.id=1 requested 16, returned 1"
+        // "cq_process: cq.id=2 wake-up took 16 [us] from interrupt"
+        let number_after = |line: &str, key: &str| -> i64 {
+            line.split_once(key)
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no number after {key:?}: {line}"))
+        };
+        for line in text.lines() {
+            if line.contains(" cq_poll: ") {
+                r.polls += 1;
+                r.returned += number_after(line, "returned ").max(0) as u64;
+            } else if line.contains(" cq_process: ") {
+                r.processes += 1;
+                r.latencies_us.push(number_after(line, "took "));
+            }
+        }
+        r
+    }
+}
+
+impl Drop for CqEvents {
+    fn drop(&mut self) {
+        Self::disable(&self.dir);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// (runs, recursion misses) of the program of `name` on `target` in a phase's overhead.
+fn program_runs(phase: &serde_json::Value, target: &str) -> Vec<(String, u64, Option<u64>)> {
+    phase["overhead"]["programs"]
+        .as_array()
+        .expect("overhead.programs")
+        .iter()
+        .filter(|p| p["target"] == target)
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or("?").to_owned(),
+                p["runs"].as_u64().expect("runs"),
+                p["recursion_misses"].as_u64(),
+            )
+        })
+        .collect()
+}
+
+/// 4 KiB direct reads of an NVMe over RDMA namespace, under `rdma-trace run -- dd`.
+///
+/// Independent truths: dd's own count (`count=N`, one 4 KiB read() at a time with O_DIRECT),
+/// which the target's block device confirms (null_blk's /sys/block stat: N reads, 8 sectors
+/// each); and the NVMe/RDMA protocol with queue depth 1: each read is a command SEND from the
+/// host, received by the target, and a response SEND from the target, received by the host.
+/// Each RECV completes with a CQE (rxe_cq_post), and the next command is only sent after the
+/// host has polled the previous response, which the target sent only after it had polled the
+/// command: so each I/O needs its own poll on each side (rxe_poll_cq ≥ 2N). And the kernel's
+/// own `rdma_core:cq_poll` tracepoint (a tracefs instance), which sees every poll of the ib_cq
+/// API and what it returned, bounds both counts from above and, but for keep-alives outside
+/// rdma-trace's window, from below.
+#[test]
+fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
+    const N: u64 = 2000;
+    let nvme = NvmeOverRdma::connect();
+    let (reads0, sectors0) = block_reads(NULLB);
+    let events = CqEvents::start();
+    let out = run_json(
+        &[
+            "run",
+            "--no-tui",
+            "--probes",
+            "full",
+            "--",
+            "dd",
+            &format!("if=/dev/{}", nvme.disk),
+            "of=/dev/null",
+            "bs=4k",
+            &format!("count={N}"),
+            "iflag=direct",
+        ],
+        "nvme-dd",
+    );
+    out.assert_success("rdma-trace run -- dd of the NVMe over RDMA namespace");
+    let (reads1, sectors1) = block_reads(NULLB);
+    let kernel = events.stop();
+    let (kernel_polls, kernel_returned, recorded) = (kernel.polls, kernel.returned, kernel.seconds);
+    assert!(
+        out.stderr.contains(&format!("{N}+0 records in")),
+        "dd did not read {N} blocks: {}",
+        out.stderr
+    );
+    assert_eq!(
+        (reads1 - reads0, sectors1 - sectors0),
+        (N, 8 * N),
+        "the target's {NULLB} did not serve dd's {N} reads of 4 KiB"
+    );
+
+    let phases = out.report["phases"].as_array().expect("phases");
+    assert_eq!(phases.len(), 1, "a -- CMD run has one window");
+    let phase = &phases[0];
+    let polls = count(phase, "rxe_poll_cq");
+    let posted = count(phase, "rxe_cq_post");
+    eprintln!(
+        "nvme: {N} reads: rxe_poll_cq {polls}, rxe_cq_post {posted}; rdma_core:cq_poll {kernel_polls} polls returning {kernel_returned} in {recorded:.1} s; programs {:?} {:?}",
+        program_runs(phase, "rxe_poll_cq"),
+        program_runs(phase, "rxe_cq_post"),
+    );
+    assert!(
+        polls >= 2 * N,
+        "rxe_poll_cq counted {polls}: each of the {N} reads needs a poll on the host and one on the target"
+    );
+    assert!(
+        posted >= 2 * N,
+        "rxe_cq_post counted {posted}: each of the {N} reads completes a RECV on each side"
+    );
+    // Against the kernel's own tracepoint, recorded from before rdma-trace started to after it
+    // ended: every rxe CQE here is polled through the ib_cq API (no user-space verbs run), so
+    // rdma-trace's window can count no more polls and CQEs than cq_poll saw. Outside the window
+    // only admin traffic runs: keep-alives, one command (4 CQEs, each polled alone) per
+    // kato/2 = 2.5 s at most, kato/4 when the target advertises traffic-based keep-alive.
+    assert!(
+        polls <= kernel_polls && posted <= kernel_returned,
+        "rdma-trace counted more than the kernel's rdma_core:cq_poll events: {polls} polls and {posted} CQEs against {kernel_polls} and {kernel_returned}"
+    );
+    let outside = 4 * ((kernel.seconds / 1.25) as u64 + 1);
+    assert!(
+        kernel_polls - polls <= outside && kernel_returned - posted <= outside,
+        "rdma-trace missed polls or CQEs of dd's reads: {polls} polls and {posted} CQEs against the kernel's {kernel_polls} and {kernel_returned}, of which at most {outside} are keep-alives outside the window"
+    );
+
+    // The ib_cq wake-up row: one event per cq_process, the kernel's count of which bounds it
+    // as above (a keep-alive is 2 wake-ups per side at most); its delays against the kernel's
+    // own `latency` of each cq_process (µs, from the CQ's timestamp set at its schedule).
+    let wakeup = super::harness::probe(phase, "ib_cq wakeup");
+    assert_eq!(wakeup["attach"], "raw_tp", "{wakeup}");
+    let wakeups = wakeup["count"].as_u64().expect("count");
+    let unmatched = wakeup["unmatched"].as_u64().expect("unmatched");
+    let p50_ns = wakeup["summary"]["p50"].as_f64();
+    let mut lat = kernel.latencies_us.clone();
+    lat.sort_unstable();
+    let kernel_p50_us = lat.get(lat.len() / 2).copied();
+    eprintln!(
+        "nvme: ib_cq wakeup {wakeups} ({unmatched} without a schedule), p50 {p50_ns:?} ns; rdma_core:cq_process {} events, p50 latency {kernel_p50_us:?} us",
+        kernel.processes
+    );
+    assert!(
+        wakeups >= 2 * N,
+        "ib_cq wakeup counted {wakeups}: each of the {N} reads needs a poll round on each side"
+    );
+    assert!(
+        wakeups <= kernel.processes && kernel.processes - wakeups <= outside,
+        "ib_cq wakeup counted {wakeups} against the kernel's {} cq_process events, of which at most {outside} are keep-alives outside the window",
+        kernel.processes
+    );
+    // The histogram's p50 lies within its power-of-two slot, and the kernel truncates to µs.
+    let (p50_ns, kernel_us) = (
+        p50_ns.expect("ib_cq wakeup recorded delays"),
+        kernel_p50_us.expect("cq_process events") as f64,
+    );
+    assert!(
+        p50_ns >= kernel_us * 1000.0 / 2.0 && p50_ns <= (kernel_us + 1.0) * 1000.0 * 2.0,
+        "ib_cq wakeup p50 {p50_ns} ns, the kernel's cq_process latency p50 {kernel_us} µs"
+    );
+
+    // The per-CQ list. Independent truths: `rdma res show cq` (RDMA netlink, the restrack ids
+    // per device), the pools' poll contexts in the kernel's sources (nvme-rdma's queues take
+    // IB_POLL_SOFTIRQ CQs, nvmet-rdma's IB_POLL_WORKQUEUE), and the row's own count and the
+    // driver's CQE count (rxe_cq_post), which the per-CQ counts split. Not `rdma res`'s
+    // poll-ctx: iproute2 names the values in the enum's pre-5.9 order (its 0 is DIRECT, the
+    // kernel's is SOFTIRQ), so it prints the host's softirq CQs as DIRECT.
+    let res = run_ok(Command::new("rdma").args(["-j", "res", "show", "cq"]));
+    let res: serde_json::Value = serde_json::from_slice(&res.stdout).expect("rdma -j JSON");
+    let known: Vec<(String, u64)> = res
+        .as_array()
+        .expect("rdma res show cq: a list")
+        .iter()
+        .map(|c| {
+            (
+                c["ifname"].as_str().expect("ifname").to_owned(),
+                c["cqn"].as_u64().expect("cqn"),
+            )
+        })
+        .collect();
+    let cqs = phase["cqs"].as_array().expect("cqs");
+    eprintln!("nvme: cqs {cqs:?}; rdma res show cq {known:?}");
+    let mut side_completions = [0u64; 2];
+    for c in cqs {
+        let dev = c["device"]
+            .as_str()
+            .unwrap_or_else(|| panic!("unlabelled CQ {c}"));
+        let id = c["id"].as_u64().expect("id");
+        assert!(
+            known.contains(&(dev.to_owned(), id)),
+            "CQ {dev}/{id} is not in rdma res show cq: {known:?}"
+        );
+        let completions = c["completions"].as_u64().expect("completions");
+        // The nvme CQs (dd's reads spread over the queues' CQs), not the MAD layer's, which
+        // carries none of dd's traffic.
+        if completions >= N / 10 {
+            let (side, ctx) = match dev {
+                "rxe1" => (0, "softirq"),
+                "rxe0" => (1, "workqueue"),
+                _ => panic!("CQ {c} on neither test bed device"),
+            };
+            assert_eq!(c["poll_ctx"], ctx, "{c}");
+            side_completions[side] += completions;
+        }
+    }
+    assert!(
+        side_completions.iter().all(|&n| n >= N),
+        "each side's CQs polled a RECV per read: host (rxe1), target (rxe0): {side_completions:?}"
+    );
+    let sum = |key: &str| -> u64 { cqs.iter().map(|c| c[key].as_u64().expect(key)).sum() };
+    assert_eq!(
+        sum("wakeups"),
+        wakeups,
+        "the per-CQ wake-ups split the row's count"
+    );
+    let completions = sum("completions");
+    assert!(
+        completions.abs_diff(posted) <= 16,
+        "the CQs' polls returned {completions} completions, rxe posted {posted} CQEs in the window"
+    );
+    drop(nvme);
+    assert!(
+        !Path::new(&format!("{NVMET}/subsystems/{NQN}")).exists(),
+        "the target's subsystem outlived the test"
+    );
+}
