@@ -242,10 +242,13 @@ impl Completions {
         if !found {
             return Ok(false);
         }
-        self.cq.arm()?;
         self.unread_waits += 1;
-        if !self.faults.leaves_unread(self.unread_waits) {
-            // Every event is queued by now: a read that waits this long found the queue empty.
+        if self.faults.leaves_unread(self.unread_waits) {
+            self.cq.arm()?;
+        } else {
+            // Not armed after the last one: no event can join the queue during the burst, which
+            // therefore reads exactly the events left unread. Every one is queued by now: a read
+            // that waits this long found the queue empty.
             while let Some(event) = self
                 .cq
                 .wait_event(Duration::from_millis(500), self.stamps.is_some())?
@@ -256,6 +259,8 @@ impl Completions {
                 self.events += 1;
                 self.burst += 1;
             }
+            // Armed again for the waits that follow (they poll before they sleep).
+            self.cq.arm()?;
         }
         Ok(true)
     }

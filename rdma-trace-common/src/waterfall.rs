@@ -243,8 +243,9 @@ pub const NO_ID: u32 = u32::MAX;
 /// and what the stall doctor needs of the channel. Events are numbered in queue order: `tail`
 /// counts the handler's events, `head` the reads. Event `n` is kept in slot `n % WF_QUEUE_LEN`
 /// when that slot's event has been read; otherwise it is not kept (`W_DROPPED`) and its read,
-/// finding another event's number in the slot, counts as unmatched: every read is paired with
-/// its own event or with none.
+/// finding another event's number in the slot, counts as unmatched. A read is thus paired with
+/// its own event or with none while `head` keeps step with the kernel's reads (a read whose
+/// return was not seen leaves it behind: docs/waterfall.md, "What it loses").
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WfQueue {
@@ -379,7 +380,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<WfCq>(), 56);
         assert_eq!(
             core::mem::size_of::<WfQueue>(),
-            8 * (7 + 3 * WF_QUEUE_LEN as usize)
+            8 * (8 + 4 * WF_QUEUE_LEN as usize)
         );
         assert_eq!(core::mem::size_of::<WfReading>(), 32);
         assert_eq!(core::mem::size_of::<WfWake>(), 40);

@@ -499,14 +499,16 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
         return 0;
     }
     let event = q.head;
-    q.head = event + 1;
-    q.read_at = t4;
     let i = (event & QMASK) as usize;
+    // The slot is read before `head` moves: a handler on another CPU may keep its next event
+    // in this slot as soon as it has.
     let (Some(&t0), Some(&t1), Some(&cpu1), Some(&seq)) =
         (q.t0.get(i), q.t1.get(i), q.cpu.get(i), q.seq.get(i))
     else {
         return 0;
     };
+    q.head = event + 1;
+    q.read_at = t4;
     if seq != event + 1 {
         // Its event found the mirror full and was not kept.
         count(slot, W_UNMATCHED);

@@ -359,8 +359,8 @@ pub fn render(title: &str, w: &Waterfall) -> String {
     }
     if w.unmatched_reads + w.no_driver_stamp + w.dropped > 0 {
         out.push_str(&format!(
-            "  not covered: {} reads without a seen handler call, {} events without a driver stamp, {} dropped\n",
-            w.unmatched_reads, w.no_driver_stamp, w.dropped
+            "  not covered: {} reads of an event the mirror did not hold ({} not kept: the channel's mirror was full), {} events without a driver stamp\n",
+            w.unmatched_reads, w.dropped, w.no_driver_stamp
         ));
     }
     if w.clamped > 0 {
