@@ -69,7 +69,17 @@ pub const W_DROPPED: u32 = 6;
 pub const W_DRIVER_WOKEN_SUM: u32 = 7;
 /// Counters `W_SUM + h`: sum in ns of histogram `h`'s values (`h` < `H_CLASS`).
 pub const W_SUM: u32 = 8;
-pub const NR_WCOUNTERS: u32 = W_SUM + H_CLASS;
+/// Counter: sum in ns of the time the readers of already-awake events spent runnable but off
+/// a CPU (woken or preempted, not yet switched in) within T1→T4: the part of
+/// [`H_AWAKE`] that was spent waiting for a CPU.
+pub const W_AWAKE_RUNNABLE_SUM: u32 = W_SUM + H_CLASS;
+/// Counter: already-awake events whose reader had more runnable periods within T1→T4 than its
+/// record keeps ([`WF_RUNNABLE_LEN`]): their runnable part is a lower bound.
+pub const W_AWAKE_SPLIT_SHORT: u32 = W_AWAKE_RUNNABLE_SUM + 1;
+/// Counter: sum in ns of the time the readers of already-awake events spent on a CPU within
+/// T1→T4 (the rest of [`H_AWAKE`] they were asleep on something else).
+pub const W_AWAKE_ON_CPU_SUM: u32 = W_AWAKE_SPLIT_SHORT + 1;
+pub const NR_WCOUNTERS: u32 = W_AWAKE_ON_CPU_SUM + 1;
 
 /// Loss counter: events whose T2 or T3 lay outside [T1, T4] (or T3 before T2) and were clamped
 /// into it: their stages are approximate (the wake-up or switch-in was likely another event's).
@@ -297,6 +307,32 @@ pub struct WfWake {
     pub cpu_on: u32,
 }
 
+/// Runnable periods a reader thread's record keeps (see [`WfRunnable`]).
+pub const WF_RUNNABLE_LEN: u32 = 32;
+
+/// Per reader thread (from its first read): its last [`WF_RUNNABLE_LEN`] periods on a CPU, and
+/// as many runnable but
+/// off a CPU (from a wake-up, or a switch-out while runnable, to the switch-in), for the part of an already-awake
+/// event's T1→T4 spent waiting for a CPU. A reader preempted more often than that within one
+/// event's T1→T4 has its oldest periods left out (the split is then a lower bound).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WfRunnable {
+    /// Woken or switched out while runnable at this time (ns), not switched in since; 0: on a
+    /// CPU or asleep.
+    pub since: u64,
+    /// Periods recorded: period `n` is in slot `n % WF_RUNNABLE_LEN`.
+    pub count: u64,
+    pub start: [u64; WF_RUNNABLE_LEN as usize],
+    pub end: [u64; WF_RUNNABLE_LEN as usize],
+    /// Switched in at this time (ns), not switched out since; 0: off a CPU.
+    pub on_since: u64,
+    /// The same for the periods on a CPU (switch-in to switch-out).
+    pub on_count: u64,
+    pub on_start: [u64; WF_RUNNABLE_LEN as usize],
+    pub on_end: [u64; WF_RUNNABLE_LEN as usize],
+}
+
 /// Offsets the loader patches in (`WF_CONFIG` global).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -308,8 +344,11 @@ pub struct WfConfig {
     /// `sched_waking` tracepoint record: `pid` and `target_cpu`.
     pub waking_pid: u32,
     pub waking_target_cpu: u32,
-    /// `sched_switch` tracepoint record: `next_pid`.
+    /// `sched_switch` tracepoint record: `next_pid`, `prev_pid` and `prev_state` (read as its
+    /// low 32 bits: a `long` on 5.10 to 7.x, and the state bits lie below 0x100).
     pub switch_next_pid: u32,
+    pub switch_prev_pid: u32,
+    pub switch_prev_state: u32,
     /// `struct ib_cq`'s `res.id` (its restrack id); 0: unknown.
     pub cq_res_id: u32,
     /// Samples to emit at most, per CPU (0: none).
@@ -322,7 +361,6 @@ pub struct WfConfig {
     pub buf_mask: u32,
     pub buf_producer: u32,
     pub buf_consumer: u32,
-    pub _pad: u32,
 }
 
 impl WfConfig {
@@ -332,6 +370,8 @@ impl WfConfig {
         waking_pid: 0,
         waking_target_cpu: 0,
         switch_next_pid: 0,
+        switch_prev_pid: 0,
+        switch_prev_state: 0,
         cq_res_id: 0,
         sample_max: 0,
         rxe_cq_queue: 0,
@@ -339,7 +379,6 @@ impl WfConfig {
         buf_mask: 0,
         buf_producer: 0,
         buf_consumer: 0,
-        _pad: 0,
     };
 }
 
@@ -362,6 +401,8 @@ mod user {
     unsafe impl aya::Pod for super::WfReading {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::WfWake {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::WfRunnable {}
 }
 
 #[cfg(test)]
@@ -376,7 +417,11 @@ mod tests {
             8 * (NR_WCOUNTERS + NR_CLASSES + 3 * WF_CPUS + NR_LOSSES) as usize
         );
         assert_eq!(core::mem::size_of::<WfSample>(), 5 * 8 + 8 * 4);
-        assert_eq!(core::mem::size_of::<WfConfig>(), 56);
+        assert_eq!(core::mem::size_of::<WfConfig>(), 64);
+        assert_eq!(
+            core::mem::size_of::<WfRunnable>(),
+            8 * (4 + 4 * WF_RUNNABLE_LEN as usize)
+        );
         assert_eq!(core::mem::size_of::<WfCq>(), 56);
         assert_eq!(
             core::mem::size_of::<WfQueue>(),

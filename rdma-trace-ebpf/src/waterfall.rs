@@ -39,9 +39,10 @@ use rdma_trace_common::{
         CLASS_UNKNOWN, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED,
         L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED, L_SAMPLES, L_SLOT_NOT_STORED,
         L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED, SF_NO_SWITCH, SF_WOKEN, W_AWAKE,
-        W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED,
-        W_WOKEN, WF_CPUS, WF_NHIST, WF_QUEUE_LEN, WF_THREADS, WfConfig, WfCounts, WfCq, WfHist,
-        WfQueue as Queue, WfReading as Reading, WfSample, WfThread, WfWake as Wake,
+        W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM,
+        W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_CPUS,
+        WF_NHIST, WF_QUEUE_LEN, WF_RUNNABLE_LEN, WF_THREADS, WfConfig, WfCounts, WfCq, WfHist,
+        WfQueue as Queue, WfReading as Reading, WfRunnable, WfSample, WfThread, WfWake as Wake,
     },
 };
 
@@ -95,6 +96,12 @@ const IRQ_T0_WINDOW_NS: u64 = 10_000_000;
 static WF_WAKE: LruHashMap<u32, Wake> = LruHashMap::with_max_entries(4096, 0);
 #[map]
 static WF_READING: LruHashMap<u32, Reading> = LruHashMap::with_max_entries(4096, 0);
+/// Reader thread → its last periods runnable off a CPU (from its first read on).
+#[map]
+static WF_RUNNABLE: LruHashMap<u32, WfRunnable> = LruHashMap::with_max_entries(1024, 0);
+/// A zeroed record to insert from (too big for the BPF stack).
+#[map]
+static WF_RUNNABLE_ZERO: PerCpuArray<WfRunnable> = PerCpuArray::with_max_entries(1, 0);
 /// Thread id → slot.
 #[map]
 static WF_SLOT_OF: LruHashMap<u32, u32> = LruHashMap::with_max_entries(4096, 0);
@@ -330,6 +337,21 @@ pub fn wf_handler_return(_ctx: RetProbeContext) -> u32 {
 
 #[tracepoint]
 pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
+    let cfg = config(&WF_CONFIG);
+    // SAFETY: offsets of fields of this tracepoint's record, read from its format file.
+    let pid: i32 = unsafe { ctx.read_at(cfg.waking_pid as usize) }.unwrap_or(0);
+    if pid <= 0 {
+        return 0;
+    }
+    let t2 = now();
+    // A reader woken by anything starts a runnable period (it ends at its switch-in).
+    if let Some(r) = WF_RUNNABLE.get_ptr_mut(pid as u32) {
+        // SAFETY: a hash map value; see `wf_sched_switch`.
+        let r = unsafe { &mut *r };
+        if r.since == 0 {
+            r.since = t2;
+        }
+    }
     let Some(h) = WF_HANDLER.get_ptr(0) else {
         return 0;
     };
@@ -338,18 +360,12 @@ pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
     if h.active == 0 {
         return 0; // not inside a completion handler: not ours
     }
-    let cfg = config(&WF_CONFIG);
-    // SAFETY: offsets of fields of this tracepoint's record, read from its format file.
-    let pid: i32 = unsafe { ctx.read_at(cfg.waking_pid as usize) }.unwrap_or(0);
     // SAFETY: as above.
     let target: i32 = unsafe { ctx.read_at(cfg.waking_target_cpu as usize) }.unwrap_or(-1);
-    if pid <= 0 {
-        return 0;
-    }
     let w = Wake {
         queue: h.queue,
         event: h.event,
-        t2: now(),
+        t2,
         t3: 0,
         cpu_target: target as u32,
         cpu_on: u32::MAX,
@@ -363,8 +379,47 @@ pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn wf_sched_switch(ctx: TracePointContext) -> u32 {
     let cfg = config(&WF_CONFIG);
-    // SAFETY: offset of `next_pid` in this tracepoint's record, from its format file.
+    let t = now();
+    // SAFETY: offsets of this tracepoint's record's fields, from its format file.
+    let prev: i32 = unsafe { ctx.read_at(cfg.switch_prev_pid as usize) }.unwrap_or(0);
+    // SAFETY: as above; `prev_state` is a `long`, its low 32 bits hold the state bits.
+    let state: u32 = unsafe { ctx.read_at(cfg.switch_prev_state as usize) }.unwrap_or(1);
+    // SAFETY: as above.
     let next: i32 = unsafe { ctx.read_at(cfg.switch_next_pid as usize) }.unwrap_or(0);
+    // Switched out while runnable (no sleep bit below 0x100; 0x100 and up mark preemption): a
+    // runnable period starts. Switched out to sleep: none is open (a wake-up seen while the
+    // thread was still on its CPU started none).
+    if prev > 0
+        && let Some(r) = WF_RUNNABLE.get_ptr_mut(prev as u32)
+    {
+        // SAFETY: a hash map value; only this thread's own switches and wake-ups touch it,
+        // and a thread switches on one CPU at a time.
+        let r = unsafe { &mut *r };
+        r.since = if state & 0xff == 0 { t } else { 0 };
+        if r.on_since != 0 {
+            let i = (r.on_count % u64::from(WF_RUNNABLE_LEN)) as usize;
+            if let (Some(a), Some(b)) = (r.on_start.get_mut(i), r.on_end.get_mut(i)) {
+                *a = r.on_since;
+                *b = t;
+            }
+            r.on_count += 1;
+            r.on_since = 0;
+        }
+    }
+    if let Some(r) = WF_RUNNABLE.get_ptr_mut(next as u32) {
+        // SAFETY: as above.
+        let r = unsafe { &mut *r };
+        if r.since != 0 {
+            let i = (r.count % u64::from(WF_RUNNABLE_LEN)) as usize;
+            if let (Some(a), Some(b)) = (r.start.get_mut(i), r.end.get_mut(i)) {
+                *a = r.since;
+                *b = t;
+            }
+            r.count += 1;
+            r.since = 0;
+        }
+        r.on_since = t;
+    }
     let Some(w) = WF_WAKE.get_ptr_mut(next as u32) else {
         return 0; // not a thread woken by a completion handler
     };
@@ -372,10 +427,41 @@ pub fn wf_sched_switch(ctx: TracePointContext) -> u32 {
     // thread is switched in on one CPU at a time.
     let w = unsafe { &mut *w };
     if w.t3 == 0 {
-        w.t3 = now();
+        w.t3 = t;
         w.cpu_on = cpu();
     }
     0
+}
+
+/// Of `t1`..`t4`, the time thread `tid` spent runnable but off a CPU (woken or preempted, not
+/// yet switched in) and on a CPU, from its kept periods; and whether older periods it no longer
+/// keeps may have fallen in it too. The thread is on its CPU at `t4` (its read returns).
+#[inline(always)]
+fn split_within(tid: u32, t1: u64, t4: u64) -> (u64, u64, bool) {
+    // SAFETY: copied out at once.
+    let Some(r) = (unsafe { WF_RUNNABLE.get(tid) }) else {
+        return (0, 0, false);
+    };
+    let overlap = |a: u64, b: u64| {
+        let (a, b) = (a.max(t1), b.min(t4));
+        if b > a { b - a } else { 0 }
+    };
+    let (mut runnable, mut on) = (0, 0);
+    for i in 0..WF_RUNNABLE_LEN as usize {
+        runnable += overlap(r.start[i], r.end[i]);
+        on += overlap(r.on_start[i], r.on_end[i]);
+    }
+    if r.on_since != 0 {
+        on += overlap(r.on_since, t4);
+    }
+    // The oldest kept period is the next one to be overwritten.
+    let len = u64::from(WF_RUNNABLE_LEN);
+    let short = (r.count > len && r.end.get((r.count % len) as usize).is_some_and(|&e| e > t1))
+        || (r.on_count > len
+            && r.on_end
+                .get((r.on_count % len) as usize)
+                .is_some_and(|&e| e > t1));
+    (runnable, on, short)
 }
 
 // ---- T4: ib_uverbs_comp_event_read(struct file *filp, ...)
@@ -410,6 +496,11 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
         unpolled,
     };
     let tid = pid_tgid as u32;
+    // From its first read on, the thread's runnable periods are kept (for already-awake events).
+    if let Some(zero) = WF_RUNNABLE_ZERO.get_ptr(0) {
+        // SAFETY: a map value pointer, valid for the call; never written.
+        let _ = WF_RUNNABLE.insert(tid, unsafe { &*zero }, BPF_NOEXIST);
+    }
     if let Err(e) = WF_READING.insert(tid, r, BPF_NOEXIST) {
         // A read of this thread is still open: its return was missed (a thread reads one
         // event at a time). It most likely returned its channel's oldest event: take that one
@@ -558,7 +649,12 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
         q.on_cpu_at = s.t3;
     }
     s.class = class(s.cpu_handler, s.cpu_on);
-    record(slot, &s);
+    let runnable = if s.flags & SF_WOKEN == 0 {
+        split_within(tid, t1, t4)
+    } else {
+        (0, 0, false)
+    };
+    record(slot, &s, runnable);
     0
 }
 
@@ -682,7 +778,7 @@ fn bump(a: &mut [u64; WF_CPUS as usize], cpu: u32) {
 }
 
 #[inline(always)]
-fn record(slot: u32, s: &WfSample) {
+fn record(slot: u32, s: &WfSample, (awake_runnable, awake_on, short): (u64, u64, bool)) {
     let Some(c) = WF_COUNTS.get_ptr_mut(slot) else {
         return;
     };
@@ -713,6 +809,11 @@ fn record(slot: u32, s: &WfSample) {
         }
     } else {
         c.counters[W_AWAKE as usize] += 1;
+        c.counters[W_AWAKE_RUNNABLE_SUM as usize] += awake_runnable;
+        c.counters[W_AWAKE_ON_CPU_SUM as usize] += awake_on;
+        if short {
+            c.counters[W_AWAKE_SPLIT_SHORT as usize] += 1;
+        }
         add(c, H_AWAKE, slot, s.t4.saturating_sub(s.t1));
     }
     add(c, H_TOTAL, slot, s.t4.saturating_sub(s.t1));

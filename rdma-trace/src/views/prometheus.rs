@@ -342,7 +342,7 @@ fn le_value(v: u64, unit: Unit) -> String {
 /// stage (`stage` label: driver, wake, runq, read, awake, total), events per kind and CPU
 /// placement class.
 pub fn render_waterfall(out: &mut String, snap: &crate::waterfall::Snapshot, host: &str) {
-    use rdma_trace_common::waterfall::{W_AWAKE, W_WOKEN};
+    use rdma_trace_common::waterfall::{W_AWAKE, W_AWAKE_RUNNABLE_SUM, W_WOKEN};
 
     use crate::waterfall::{model::STAGES, topology::CLASS_NAMES};
     let Some(t) = snap.merged_data() else {
@@ -366,6 +366,18 @@ pub fn render_waterfall(out: &mut String, snap: &crate::waterfall::Snapshot, hos
             .iter()
             .zip(t.counts.classes)
             .map(|(name, n)| (format!("class=\"{name}\",host=\"{host}\""), n)),
+    );
+    let name = "rdma_trace_waterfall_awake_runnable_seconds_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Of the awake stage (events whose reader was already awake), the time the readers were runnable but off a CPU (preempted).",
+    );
+    let _ = writeln!(
+        out,
+        "{name}{{host=\"{host}\"}} {}",
+        le_value(t.counts.get(W_AWAKE_RUNNABLE_SUM), Unit::Nanoseconds)
     );
     let name = "rdma_trace_waterfall_stage_seconds";
     family(
@@ -655,7 +667,7 @@ mod tests {
 
     #[test]
     fn waterfall_stage_histograms_carry_a_stage_label() {
-        use rdma_trace_common::waterfall::{H_RUNQ, W_WOKEN, WF_NHIST};
+        use rdma_trace_common::waterfall::{H_RUNQ, W_AWAKE_RUNNABLE_SUM, W_WOKEN, WF_NHIST};
 
         use crate::waterfall::{
             Snapshot,
@@ -663,6 +675,7 @@ mod tests {
         };
         let mut counts = Counts::default();
         counts.counters[W_WOKEN as usize] = 3;
+        counts.counters[W_AWAKE_RUNNABLE_SUM as usize] = 1_500_000_250;
         counts.classes[1] = 3;
         let mut hists = vec![Histogram::default(); WF_NHIST as usize];
         hists[H_RUNQ as usize] = hist(&[1500, 1100, 5000]);
@@ -704,6 +717,12 @@ mod tests {
                 "rdma_trace_waterfall_placement_total{class=\"SMT sibling\",host=\"h\"}"
             ),
             3.0
+        );
+        assert!(
+            out.contains(
+                "rdma_trace_waterfall_awake_runnable_seconds_total{host=\"h\"} 1.50000025\n"
+            ),
+            "{out}"
         );
         assert_eq!(
             out.matches("# TYPE rdma_trace_waterfall_stage_seconds histogram")

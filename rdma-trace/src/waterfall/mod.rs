@@ -217,6 +217,8 @@ impl Waterfall {
             waking_pid: need_offset(&kernel, "sched/sched_waking", "pid")?,
             waking_target_cpu: need_offset(&kernel, "sched/sched_waking", "target_cpu")?,
             switch_next_pid: need_offset(&kernel, "sched/sched_switch", "next_pid")?,
+            switch_prev_pid: need_offset(&kernel, "sched/sched_switch", "prev_pid")?,
+            switch_prev_state: need_offset(&kernel, "sched/sched_switch", "prev_state")?,
             cq_res_id: off.cq_res_id,
             // With a timeline every event goes through the ring (drained at each refresh).
             sample_max: if timeline > 0 {
@@ -229,7 +231,6 @@ impl Waterfall {
             buf_mask,
             buf_producer,
             buf_consumer,
-            _pad: 0,
         };
         let ncpu = aya::util::nr_cpus().map_err(|(_, e)| anyhow!("counting CPUs: {e}"))?;
         let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use rdma_trace_common::waterfall::{
     H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED, NR_CLASSES, W_AWAKE,
-    W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN,
-    WF_NHIST, WfCounts,
+    W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM, W_DROPPED,
+    W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_NHIST, WfCounts,
 };
 use serde::Serialize;
 
@@ -144,6 +144,15 @@ pub struct Waterfall {
     pub clamped: u64,
     /// Sum of T0→T1 over the woken events (their driver stage).
     pub driver_woken_sum_ns: u64,
+    /// Of the already-awake events' summed T1→T4, the time their readers were runnable but off
+    /// a CPU (preempted): waiting for a CPU. The rest they were on a CPU doing other work, or
+    /// asleep on something other than the channel.
+    pub awake_runnable_sum_ns: u64,
+    /// Of the already-awake events' summed T1→T4, the time their readers were on a CPU.
+    pub awake_on_cpu_sum_ns: u64,
+    /// Already-awake events whose reader had more runnable periods in T1→T4 than the eBPF side
+    /// keeps: their runnable part is a lower bound.
+    pub awake_split_short: u64,
     /// driver, wake, runq, read, awake, total.
     pub stages: Vec<Stage>,
     /// Sum of the partition stages' per-event means (wake + runq + read + awake).
@@ -222,6 +231,9 @@ impl Waterfall {
             dropped: c.get(W_DROPPED),
             clamped: c.lost[L_CLAMPED as usize],
             driver_woken_sum_ns: c.get(W_DRIVER_WOKEN_SUM),
+            awake_runnable_sum_ns: c.get(W_AWAKE_RUNNABLE_SUM),
+            awake_split_short: c.get(W_AWAKE_SPLIT_SHORT),
+            awake_on_cpu_sum_ns: c.get(W_AWAKE_ON_CPU_SUM),
             stages,
             stages_per_event_ns: ratio(partition as f64, events),
             total_mean_ns: ratio(total_sum as f64, events),
@@ -354,6 +366,26 @@ pub fn render(title: &str, w: &Waterfall) -> String {
                 "  ◀ largest"
             } else {
                 ""
+            }
+        ));
+    }
+    if let Some(awake) = w.stage("awake").filter(|s| s.sum_ns > 0) {
+        let share = |ns: u64| pct(Some(ns as f64 / awake.sum_ns as f64));
+        let (runnable, on) = (w.awake_runnable_sum_ns, w.awake_on_cpu_sum_ns);
+        let asleep = awake.sum_ns.saturating_sub(runnable + on);
+        out.push_str(&format!(
+            "  already awake, of its {}: runnable but off a CPU (woken or preempted) {}, on a CPU {}, asleep elsewhere {}{}\n",
+            human_ns_f(awake.sum_ns as f64),
+            share(runnable),
+            share(on),
+            share(asleep),
+            if w.awake_split_short > 0 {
+                format!(
+                    " ({} events had more switches than are kept: their runnable and on-CPU parts are lower bounds)",
+                    w.awake_split_short
+                )
+            } else {
+                String::new()
             }
         ));
     }
@@ -596,6 +628,29 @@ mod tests {
         let text = render("x", &w);
         assert!(text.contains("other node"), "{text}");
         assert!(text.contains("wake-up → on CPU (run queue)"), "{text}");
+    }
+
+    #[test]
+    fn the_awake_stage_is_split_into_its_runnable_part_and_the_rest() {
+        let mut t = thread(7, 7, &[(1_000, 5_000, 2_000)], &[10_000, 30_000]);
+        t.counts.counters[W_AWAKE_RUNNABLE_SUM as usize] = 10_000;
+        t.counts.counters[W_AWAKE_ON_CPU_SUM as usize] = 20_000;
+        let w = Waterfall::from_data(&t);
+        assert_eq!(w.awake_runnable_sum_ns, 10_000);
+        let text = render("x", &w);
+        assert!(
+            text.contains("already awake, of its 40.0us: runnable but off a CPU (woken or preempted) 25.0%, on a CPU 50.0%, asleep elsewhere 25.0%\n"),
+            "{text}"
+        );
+        t.counts.counters[W_AWAKE_SPLIT_SHORT as usize] = 1;
+        let text = render("x", &Waterfall::from_data(&t));
+        assert!(
+            text.contains("25.0% (1 events had more switches than are kept"),
+            "{text}"
+        );
+        // No awake events, no split line.
+        let text = render("x", &Waterfall::from_data(&thread(7, 7, &[(1, 2, 3)], &[])));
+        assert!(!text.contains("already awake, of its"), "{text}");
     }
 
     #[test]

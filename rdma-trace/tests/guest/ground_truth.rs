@@ -32,6 +32,19 @@ fn stage_sum(phase: &Value, key: &str) -> f64 {
         .sum()
 }
 
+/// A per-process field of the waterfall (ns), summed: the already-awake events' time their
+/// readers spent runnable off a CPU (`awake_runnable_sum_ns`) or on a CPU (`awake_on_cpu_sum_ns`).
+fn awake_part(phase: &Value, key: &str) -> f64 {
+    processes(phase)
+        .iter()
+        .map(|p| p[key].as_f64().unwrap_or_else(|| panic!("no {key} in {p}")))
+        .sum()
+}
+
+fn awake_runnable(phase: &Value) -> f64 {
+    awake_part(phase, "awake_runnable_sum_ns")
+}
+
 fn processes(phase: &Value) -> &Vec<Value> {
     phase["waterfall"]["processes"]
         .as_array()
@@ -98,9 +111,18 @@ fn a_cpu_hog_pinned_with_the_demo_adds_its_time_where_readers_wait_for_a_cpu() {
     let added = delta("total");
     let base_total = stage_sum(&base, "total");
     let sums = |phase: &Value| {
-        ["wake", "runq", "read", "awake", "total"]
+        let stages = ["wake", "runq", "read", "awake", "total"]
             .map(|k| format!("{k} {:.1} ms", stage_sum(phase, k) / 1e6))
-            .join(", ")
+            .join(", ");
+        let short: u64 = processes(phase)
+            .iter()
+            .map(|p| p["awake_split_short"].as_u64().expect("awake_split_short"))
+            .sum();
+        format!(
+            "{stages} (awake: runnable {:.1} ms, on CPU {:.1} ms; {short} events with more switches than kept)",
+            awake_runnable(phase) / 1e6,
+            awake_part(phase, "awake_on_cpu_sum_ns") / 1e6
+        )
     };
     let evidence = format!(
         "without the hog: {}\nwith the hog: {}",
@@ -122,6 +144,30 @@ fn a_cpu_hog_pinned_with_the_demo_adds_its_time_where_readers_wait_for_a_cpu() {
         100.0 * waiting / added,
         added / 1e6
     );
+    // "Already awake" split by the reader's own switches: the hog's time is where the reader
+    // was runnable but off its CPU (preempted), not where it was on a CPU doing other work.
+    // A split that took its periods from the wrong thread, or missed the preemptions
+    // (`prev_state` misread), puts it in the rest.
+    let awake_added = delta("awake");
+    let runnable_added = awake_runnable(&loaded) - awake_runnable(&base);
+    eprintln!(
+        "ground truth: {evidence}\nadded {:.1} ms, of it {:.1} ms already awake, {:.1} ms of that runnable",
+        added / 1e6,
+        awake_added / 1e6,
+        runnable_added / 1e6
+    );
+    // Measured in the 6.1 guest, where already awake takes 60–70 % of the added time: 65–80 %
+    // of it runnable. On 6.12 the hog's time lands in the run queue; already awake takes 2–11 %
+    // of it, and of that only 8–91 % is runnable, the rest "asleep elsewhere" (not understood
+    // yet, issue 22), so the split is held to the truth where it carries the hog's time.
+    if awake_added >= 0.25 * added {
+        assert!(
+            runnable_added >= 0.5 * awake_added,
+            "only {:.1} ms of the {:.1} ms the hog added to already awake is in its runnable part:\n{evidence}",
+            runnable_added / 1e6,
+            awake_added / 1e6
+        );
+    }
     // Not where the kernel works: handler → wake-up and on CPU → read. Measured: 1.3 %.
     let working = delta("wake").abs() + delta("read").abs();
     assert!(
