@@ -123,6 +123,7 @@ fn smoke_run_both_modes_with_the_waterfall() {
             events,
             "{w}"
         );
+        let comp = count(event, "ib_uverbs_comp_handler");
         assert!(
             events <= comp + 4,
             "{events} waterfall events, {comp} handler calls"
