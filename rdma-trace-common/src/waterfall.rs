@@ -361,6 +361,7 @@ pub struct WfConfig {
     pub buf_mask: u32,
     pub buf_producer: u32,
     pub buf_consumer: u32,
+    pub _pad: u32,
 }
 
 impl WfConfig {
@@ -379,6 +380,7 @@ impl WfConfig {
         buf_mask: 0,
         buf_producer: 0,
         buf_consumer: 0,
+        _pad: 0,
     };
 }
 

@@ -454,13 +454,17 @@ fn split_within(tid: u32, t1: u64, t4: u64) -> (u64, u64, bool) {
     if r.on_since != 0 {
         on += overlap(r.on_since, t4);
     }
-    // The oldest kept period is the next one to be overwritten.
+    // The oldest kept period is the next one to be overwritten; the periods no longer kept
+    // ended before it started.
     let len = u64::from(WF_RUNNABLE_LEN);
-    let short = (r.count > len && r.end.get((r.count % len) as usize).is_some_and(|&e| e > t1))
+    let short = (r.count > len
+        && r.start
+            .get((r.count % len) as usize)
+            .is_some_and(|&a| a > t1))
         || (r.on_count > len
-            && r.on_end
+            && r.on_start
                 .get((r.on_count % len) as usize)
-                .is_some_and(|&e| e > t1));
+                .is_some_and(|&a| a > t1));
     (runnable, on, short)
 }
 
@@ -497,9 +501,17 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
     };
     let tid = pid_tgid as u32;
     // From its first read on, the thread's runnable periods are kept (for already-awake events).
-    if let Some(zero) = WF_RUNNABLE_ZERO.get_ptr(0) {
+    // (Looked up first: an LRU insert takes a free node and copies the value before it checks
+    // the key.) The thread is on its CPU now: its first on-CPU period starts here.
+    if WF_RUNNABLE.get_ptr(tid).is_none()
+        && let Some(zero) = WF_RUNNABLE_ZERO.get_ptr(0)
+    {
         // SAFETY: a map value pointer, valid for the call; never written.
         let _ = WF_RUNNABLE.insert(tid, unsafe { &*zero }, BPF_NOEXIST);
+        if let Some(r) = WF_RUNNABLE.get_ptr_mut(tid) {
+            // SAFETY: a hash map value; see `wf_sched_switch`.
+            unsafe { (*r).on_since = now() };
+        }
     }
     if let Err(e) = WF_READING.insert(tid, r, BPF_NOEXIST) {
         // A read of this thread is still open: its return was missed (a thread reads one

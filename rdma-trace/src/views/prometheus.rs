@@ -372,7 +372,7 @@ pub fn render_waterfall(out: &mut String, snap: &crate::waterfall::Snapshot, hos
         out,
         name,
         "counter",
-        "Of the awake stage (events whose reader was already awake), the time the readers were runnable but off a CPU (preempted).",
+        "Of the awake stage (events whose reader was already awake), the time the readers were runnable but off a CPU (woken or preempted, not yet switched in).",
     );
     let _ = writeln!(
         out,

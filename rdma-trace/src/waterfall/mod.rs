@@ -231,6 +231,7 @@ impl Waterfall {
             buf_mask,
             buf_producer,
             buf_consumer,
+            _pad: 0,
         };
         let ncpu = aya::util::nr_cpus().map_err(|(_, e)| anyhow!("counting CPUs: {e}"))?;
         let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)

@@ -145,7 +145,7 @@ pub struct Waterfall {
     /// Sum of T0→T1 over the woken events (their driver stage).
     pub driver_woken_sum_ns: u64,
     /// Of the already-awake events' summed T1→T4, the time their readers were runnable but off
-    /// a CPU (preempted): waiting for a CPU. The rest they were on a CPU doing other work, or
+    /// a CPU (woken or preempted, not yet switched in): waiting for a CPU. The rest they were on a CPU doing other work, or
     /// asleep on something other than the channel.
     pub awake_runnable_sum_ns: u64,
     /// Of the already-awake events' summed T1→T4, the time their readers were on a CPU.

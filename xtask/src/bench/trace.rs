@@ -642,8 +642,9 @@ fn report(dir: &Path, rounds: u32) -> Section {
     md.push_str(
         "\nW adds the waterfall's programs (kprobes on ib_uverbs_comp_handler and \
          ib_uverbs_comp_event_read, rxe_cq_post and rxe_req_notify_cq, and the sched_waking and \
-         sched_switch tracepoints, which run on every wake-up and context switch of the machine \
-         and bail out early for threads no completion handler woke).\n",
+         sched_switch tracepoints, which run on every wake-up and context switch of the machine, \
+         look each thread up among the completion readers and bail out after that for threads \
+         no completion handler woke).\n",
     );
 
     // Table 2: BPF time.
