@@ -276,6 +276,10 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
         };
         // SAFETY: a map value pointer, valid for the call; the helper copies it (by reference:
         // a queue is too big for the BPF stack).
+        #[allow(
+            clippy::needless_borrows_for_generic_args,
+            reason = "by value, the queue would be copied onto the BPF stack, which it does not fit"
+        )]
         let _ = WF_QUEUES.insert(queue, unsafe { &*zero }, BPF_NOEXIST);
     }
     let Some(q) = WF_QUEUES.get_ptr_mut(queue) else {
@@ -442,10 +446,7 @@ fn split_within(tid: u32, t1: u64, t4: u64) -> (u64, u64, bool) {
     let Some(r) = (unsafe { WF_RUNNABLE.get(tid) }) else {
         return (0, 0, false);
     };
-    let overlap = |a: u64, b: u64| {
-        let (a, b) = (a.max(t1), b.min(t4));
-        if b > a { b - a } else { 0 }
-    };
+    let overlap = |a: u64, b: u64| b.min(t4).saturating_sub(a.max(t1));
     let (mut runnable, mut on) = (0, 0);
     for i in 0..WF_RUNNABLE_LEN as usize {
         runnable += overlap(r.start[i], r.end[i]);
@@ -507,6 +508,10 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
         && let Some(zero) = WF_RUNNABLE_ZERO.get_ptr(0)
     {
         // SAFETY: a map value pointer, valid for the call; never written.
+        #[allow(
+            clippy::needless_borrows_for_generic_args,
+            reason = "by value, the record would be copied onto the BPF stack, which it does not fit"
+        )]
         let _ = WF_RUNNABLE.insert(tid, unsafe { &*zero }, BPF_NOEXIST);
         if let Some(r) = WF_RUNNABLE.get_ptr_mut(tid) {
             // SAFETY: a hash map value; see `wf_sched_switch`.
