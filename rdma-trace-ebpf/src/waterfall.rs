@@ -274,12 +274,12 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
         let Some(zero) = WF_ZERO.get_ptr(0) else {
             return 0;
         };
-        // SAFETY: a map value pointer, valid for the call; the helper copies it (by reference:
-        // a queue is too big for the BPF stack).
         #[allow(
             clippy::needless_borrows_for_generic_args,
             reason = "by value, the queue would be copied onto the BPF stack, which it does not fit"
         )]
+        // SAFETY: a map value pointer, valid for the call; the helper copies it (by reference:
+        // a queue is too big for the BPF stack).
         let _ = WF_QUEUES.insert(queue, unsafe { &*zero }, BPF_NOEXIST);
     }
     let Some(q) = WF_QUEUES.get_ptr_mut(queue) else {
@@ -507,11 +507,11 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
     if WF_RUNNABLE.get_ptr(tid).is_none()
         && let Some(zero) = WF_RUNNABLE_ZERO.get_ptr(0)
     {
-        // SAFETY: a map value pointer, valid for the call; never written.
         #[allow(
             clippy::needless_borrows_for_generic_args,
             reason = "by value, the record would be copied onto the BPF stack, which it does not fit"
         )]
+        // SAFETY: a map value pointer, valid for the call; never written.
         let _ = WF_RUNNABLE.insert(tid, unsafe { &*zero }, BPF_NOEXIST);
         if let Some(r) = WF_RUNNABLE.get_ptr_mut(tid) {
             // SAFETY: a hash map value; see `wf_sched_switch`.
