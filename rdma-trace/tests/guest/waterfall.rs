@@ -378,34 +378,20 @@ wait
 fn events_piled_up_past_the_mirror_are_counted_and_the_kept_ones_are_the_oldest() {
     let demo_json = temp_json("overflow-demo");
     let demo_json_arg = demo_json.to_str().expect("a UTF-8 path").to_owned();
-    let run = run_json(
-        &[
-            "run",
-            "--no-tui",
-            "--sample",
-            "1000",
-            "--",
-            "rdma-demo",
-            "pingpong",
-            "--loopback",
-            "--port",
-            "0",
-            "-d",
-            "rxe1",
-            "--server-device",
-            "rxe0",
-            "-e",
-            "-n",
-            "100",
-            "--stamps",
-            "1000",
-            "--fault-unread-events",
-            "48",
-            "--json",
-            &demo_json_arg,
-        ],
-        "overflow",
-    );
+    let mut args = vec!["run", "--no-tui", "--sample", "1000", "--", "rdma-demo"];
+    args.extend(rdma_demo::pingpong::loopback_args("rxe1", "rxe0"));
+    args.extend([
+        "-e",
+        "-n",
+        "100",
+        "--stamps",
+        "1000",
+        "--fault-unread-events",
+        "48",
+        "--json",
+        &demo_json_arg,
+    ]);
+    let run = run_json(&args, "overflow");
     run.assert_success("rdma-trace run -- rdma-demo --fault-unread-events 48");
     let demo = read_json(&demo_json);
     let client = find_by(
