@@ -145,13 +145,14 @@ pub struct Waterfall {
     /// Sum of T0→T1 over the woken events (their driver stage).
     pub driver_woken_sum_ns: u64,
     /// Of the already-awake events' summed T1→T4, the time their readers were runnable but off
-    /// a CPU (woken or preempted, not yet switched in): waiting for a CPU. The rest they were on a CPU doing other work, or
-    /// asleep on something other than the channel.
+    /// a CPU (woken or preempted, not yet switched in): waiting for a CPU. With
+    /// `awake_on_cpu_sum_ns`, the rest is the time they were asleep on something other than
+    /// the channel.
     pub awake_runnable_sum_ns: u64,
     /// Of the already-awake events' summed T1→T4, the time their readers were on a CPU.
     pub awake_on_cpu_sum_ns: u64,
-    /// Already-awake events whose reader had more runnable periods in T1→T4 than the eBPF side
-    /// keeps: their runnable part is a lower bound.
+    /// Already-awake events whose reader had more runnable or on-CPU periods in T1→T4 than the
+    /// eBPF side keeps: their runnable and on-CPU parts are lower bounds.
     pub awake_split_short: u64,
     /// driver, wake, runq, read, awake, total.
     pub stages: Vec<Stage>,
