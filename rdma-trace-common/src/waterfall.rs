@@ -11,7 +11,8 @@
 use crate::HIST_SLOTS;
 
 /// Thread slots: per slot, one row of counters and [`WF_NHIST`] histograms. The last slot
-/// collects the threads that found no free slot.
+/// collects the threads that found no free slot. A thread's slot is freed by the loader after
+/// the thread exits (`WfThread::exited`).
 pub const WF_THREADS: u32 = 32;
 
 /// CPUs the placement table and the per-CPU counts cover (higher CPUs count as unknown).
@@ -194,6 +195,9 @@ pub struct WfThread {
     pub tgid: u32,
     /// The thread's name when it took the slot.
     pub comm: [u8; 16],
+    /// Non-zero once the thread has exited (`sched_process_exit`): the loader banks the slot's
+    /// counts under the thread, clears them and frees the slot for the next thread.
+    pub exited: u32,
 }
 
 /// One completion event, as sampled (`--sample N`). Times in ns of CLOCK_MONOTONIC; T2 = T3 = 0
@@ -431,6 +435,6 @@ mod tests {
         );
         assert_eq!(core::mem::size_of::<WfReading>(), 32);
         assert_eq!(core::mem::size_of::<WfWake>(), 40);
-        assert_eq!(core::mem::size_of::<WfThread>(), 24);
+        assert_eq!(core::mem::size_of::<WfThread>(), 28);
     }
 }

@@ -337,6 +337,32 @@ pub fn wf_handler_return(_ctx: RetProbeContext) -> u32 {
     0
 }
 
+/// A thread exits: its slot, if it has one of its own, is marked for the loader, which banks
+/// the slot's counts under the thread, clears them and frees the slot (`WF_SLOT_OWNER`). The
+/// thread's `WF_SLOT_OF` entry goes now, so that a later thread with the same id takes a slot
+/// of its own. One hash lookup per thread exit, machine-wide.
+#[tracepoint]
+pub fn wf_thread_exit(_ctx: TracePointContext) -> u32 {
+    let tid = tid();
+    // SAFETY: copied out at once.
+    let Some(slot) = (unsafe { WF_SLOT_OF.get(tid) }).copied() else {
+        return 0;
+    };
+    let _ = WF_SLOT_OF.remove(tid);
+    if slot >= WF_THREADS - 1 {
+        return 0;
+    }
+    if let Some(t) = WF_THREAD.get_ptr_mut(slot) {
+        // SAFETY: an array map value; only this slot's owner writes its ids, and it is exiting.
+        unsafe {
+            if (*t).tid == tid {
+                (*t).exited = 1;
+            }
+        }
+    }
+    0
+}
+
 // ---- T2, T3: scheduler tracepoints (field offsets from their tracefs format files)
 
 #[tracepoint]
@@ -726,6 +752,7 @@ fn thread_slot(tid: u32) -> Option<u32> {
                 (bpf_get_current_pid_tgid() >> 32) as u32
             },
             comm: bpf_get_current_comm().unwrap_or([0; 16]),
+            exited: 0,
         };
         // SAFETY: an array map value; the slot is this thread's own (or the shared last one,
         // whose name is only a hint).

@@ -78,6 +78,7 @@ mod tests {
         ("wf_rxe_cq_post", "waterfall"),
         ("wf_sched_switch", "waterfall"),
         ("wf_sched_waking", "waterfall"),
+        ("wf_thread_exit", "waterfall"),
     ];
 
     /// Names of the program symbols in the embedded object.

@@ -222,7 +222,12 @@ impl HookHits {
 /// checks every program of the object against its ELF section.
 pub fn mechanism_of(program: &str) -> &'static str {
     const KRETPROBES: &[&str] = &["wf_handler_return", "wf_read_return"];
-    const TRACEPOINTS: &[&str] = &["wf_sched_switch", "wf_sched_waking", "task_newtask"];
+    const TRACEPOINTS: &[&str] = &[
+        "wf_sched_switch",
+        "wf_sched_waking",
+        "wf_thread_exit",
+        "task_newtask",
+    ];
     const RAW_TPS: &[&str] = &["wf_mlx5_irq"];
     // The calibration's empty programs are named after their mechanism.
     if let Some(m) = program.strip_prefix("cal_") {

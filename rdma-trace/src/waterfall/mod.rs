@@ -187,6 +187,40 @@ pub struct Waterfall {
     stall_after: Duration,
     /// Every stall seen, by (thread, start of its read), as last diagnosed.
     stalls: RefCell<BTreeMap<(u32, u64), stall::Stall>>,
+    /// Threads that exited, banked when their slots were freed.
+    retired: RefCell<Retired>,
+}
+
+/// At most this many exited threads are kept one by one (about 20 KiB each, copied into
+/// every snapshot); past it, exited threads keep their slots, and once all are taken new
+/// threads share the last one (`losses.threads_without_slot`).
+const RETIRED_MAX: usize = 256;
+
+/// The exited threads' data, and each slot's generation: a snapshot keys a slot's data by
+/// `slot + WF_THREADS × generation`, so that a freed slot's next thread never subtracts from
+/// its former owner's data, and the former owner's key keeps its final data.
+#[derive(Default)]
+struct Retired {
+    threads: BTreeMap<u32, model::ThreadData>,
+    generation: [u32; WF_THREADS as usize],
+}
+
+impl Retired {
+    /// The snapshot key of `slot`'s current owner.
+    fn key(&self, slot: u32) -> u32 {
+        slot + WF_THREADS * self.generation[slot as usize]
+    }
+
+    /// Whether `slot` (with owner `info`) is to be banked and freed now.
+    fn takes(&self, slot: u32, info: &WfThread) -> bool {
+        info.exited != 0 && slot < WF_THREADS - 1 && self.threads.len() < RETIRED_MAX
+    }
+
+    /// Banks `slot`'s data, `data`, under its owner's key; the slot's next owner gets a new one.
+    fn bank(&mut self, slot: u32, data: model::ThreadData) {
+        self.threads.insert(self.key(slot), data);
+        self.generation[slot as usize] += 1;
+    }
 }
 
 /// Size of one sample in the ring (record + 8-byte header, 8-aligned).
@@ -276,11 +310,13 @@ impl Waterfall {
             selection: (timeline > 0).then(|| RefCell::new(selection::Selection::new(timeline))),
             stall_after,
             stalls: RefCell::new(BTreeMap::new()),
+            retired: RefCell::new(Retired::default()),
         };
         // Consumers before producers: a read seen without its handler only counts unmatched.
-        let required: [(&'static str, &str, bool); 6] = [
+        let required: [(&'static str, &str, bool); 7] = [
             ("wf_read_entry", "ib_uverbs_comp_event_read", false),
             ("wf_read_return", "ib_uverbs_comp_event_read", false),
+            ("wf_thread_exit", "sched/sched_process_exit", true),
             ("wf_sched_switch", "sched/sched_switch", true),
             ("wf_sched_waking", "sched/sched_waking", true),
             ("wf_handler_return", "ib_uverbs_comp_handler", false),
@@ -443,6 +479,7 @@ impl Waterfall {
             None => self.read_by_key()?,
         };
         let mut snap = Snapshot::default();
+        let mut retired = self.retired.borrow_mut();
         for (slot, info, per_cpu, hists) in raw {
             let mut sum = model::Counts::default();
             for c in &per_cpu {
@@ -460,18 +497,81 @@ impl Waterfall {
                     Histogram::from_slots(slots)
                 })
                 .collect();
-            snap.threads.insert(
-                slot,
-                model::ThreadData {
-                    tid: info.tid,
-                    tgid: info.tgid,
-                    comm: comm(&info.comm),
-                    counts: sum,
-                    hists: hs,
-                },
-            );
+            let data = model::ThreadData {
+                tid: info.tid,
+                tgid: info.tgid,
+                comm: comm(&info.comm),
+                counts: sum,
+                hists: hs,
+            };
+            if retired.takes(slot, &info) {
+                // The thread has exited: nothing counts in its slot any more. Its data is
+                // banked first, then the slot is cleared and freed, in that order, so the
+                // next thread starts from zero.
+                retired.bank(slot, data);
+                self.free_slot(slot, per_cpu.len())
+                    .with_context(|| format!("freeing waterfall thread slot {slot}"))?;
+            } else {
+                snap.threads.insert(retired.key(slot), data);
+            }
+        }
+        for (k, t) in &retired.threads {
+            snap.threads.insert(*k, t.clone());
         }
         Ok(snap)
+    }
+
+    /// Clears thread slot `slot` (its counters and histograms on each of `cpus` CPUs, its
+    /// owner's ids) and frees it for the next thread.
+    fn free_slot(&self, slot: u32, cpus: usize) -> Result<()> {
+        let mut counts: PerCpuArray<MapData, WfCounts> =
+            PerCpuArray::try_from(self.map_copy("WF_COUNTS")?)?;
+        let zero = aya::maps::PerCpuValues::try_from(vec![WfCounts::ZERO; cpus])?;
+        counts.set(slot, zero, 0)?;
+        let mut hists: PerCpuArray<MapData, WfHist> =
+            PerCpuArray::try_from(self.map_copy("WF_HIST")?)?;
+        let empty = WfHist {
+            slots: [0; rdma_trace_common::HIST_SLOTS as usize],
+        };
+        for h in 0..WF_NHIST {
+            let zero = aya::maps::PerCpuValues::try_from(vec![empty; cpus])?;
+            hists.set(slot * WF_NHIST + h, zero, 0)?;
+        }
+        let mut threads: Array<MapData, WfThread> = Array::try_from(self.map_copy("WF_THREAD")?)?;
+        threads.set(
+            slot,
+            WfThread {
+                tid: 0,
+                tgid: 0,
+                comm: [0; 16],
+                exited: 0,
+            },
+            0,
+        )?;
+        let mut owners: BpfHashMap<MapData, u32, u32> =
+            BpfHashMap::try_from(self.map_copy("WF_SLOT_OWNER")?)?;
+        owners.remove(&slot)?;
+        Ok(())
+    }
+
+    /// A map of the object through a file descriptor of its own, to write to it from `&self`.
+    fn map_copy(&self, name: &str) -> Result<aya::maps::Map> {
+        use std::os::fd::AsFd as _;
+        let data = match self.ebpf.map(name) {
+            Some(
+                aya::maps::Map::Array(m)
+                | aya::maps::Map::PerCpuArray(m)
+                | aya::maps::Map::HashMap(m),
+            ) => m,
+            _ => bail!("map {name} is not in the eBPF object"),
+        };
+        let fd = data.fd().as_fd().try_clone_to_owned()?;
+        let copy = MapData::from_fd(fd)?;
+        Ok(match self.ebpf.map(name) {
+            Some(aya::maps::Map::Array(_)) => aya::maps::Map::Array(copy),
+            Some(aya::maps::Map::PerCpuArray(_)) => aya::maps::Map::PerCpuArray(copy),
+            _ => aya::maps::Map::HashMap(copy),
+        })
     }
 
     /// Slots in use: (slot, owner, per-CPU counters, per-CPU values of each histogram).
@@ -892,12 +992,73 @@ mod tests {
         );
     }
 
+    /// A freed slot's next thread against its former owner, through the window's arithmetic
+    /// (`Snapshot::since`): the truth is what each thread counted in its own part of the run.
+    #[test]
+    fn a_freed_slot_s_next_thread_and_its_former_owner_each_keep_their_own_counts() {
+        use rdma_trace_common::waterfall::W_EVENTS;
+        let data = |tid: u32, events: u64| {
+            let mut counts = WfCounts::ZERO;
+            counts.counters[W_EVENTS as usize] = events;
+            model::ThreadData {
+                tid,
+                tgid: tid,
+                comm: format!("t{tid}"),
+                counts,
+                hists: vec![Histogram::default(); WF_NHIST as usize],
+            }
+        };
+        let exited = |tid: u32| WfThread {
+            tid,
+            tgid: tid,
+            comm: [b'x'; 16],
+            exited: 1,
+        };
+        let mut r = Retired::default();
+        // The window opens with thread 100 in slot 3, 5 events read.
+        let mut before = Snapshot::default();
+        before.threads.insert(r.key(3), data(100, 5));
+        // It reads 2 more and exits; the loader banks it and frees the slot; thread 200 takes
+        // the slot and reads 7.
+        assert!(r.takes(3, &exited(100)));
+        r.bank(3, data(100, 7));
+        let mut after = Snapshot::default();
+        after.threads.insert(r.key(3), data(200, 7));
+        for (k, t) in &r.threads {
+            after.threads.insert(*k, t.clone());
+        }
+        let d = after.since(&before);
+        let events = |tid: u32| {
+            d.threads
+                .values()
+                .filter(|t| t.tid == tid)
+                .map(|t| t.counts.get(W_EVENTS))
+                .sum::<u64>()
+        };
+        assert_eq!(events(100), 2, "the former owner's window: 7 − 5");
+        assert_eq!(events(200), 7, "the next owner from zero");
+        // The shared last slot is never freed, nor is a slot once the bank is full.
+        assert!(!r.takes(WF_THREADS - 1, &exited(0)));
+        assert!(!r.takes(
+            4,
+            &WfThread {
+                exited: 0,
+                ..exited(300)
+            }
+        ));
+        for k in 0..RETIRED_MAX as u32 {
+            r.threads.insert(1000 + k, data(k, 1));
+        }
+        assert!(!r.takes(4, &exited(300)), "the bank is full");
+    }
+
     #[test]
     fn a_slot_is_read_when_a_thread_took_it_or_it_is_the_shared_last_one() {
         let none = WfThread {
             tid: 0,
             tgid: 0,
             comm: [0; 16],
+            exited: 0,
         };
         assert!(!owned(3, &none), "never taken");
         assert!(
