@@ -49,8 +49,13 @@ impl Snapshot {
     pub fn since(&self, before: &Snapshot) -> Snapshot {
         let mut out = Snapshot::default();
         for (slot, t) in &self.threads {
+            let before = before.threads.get(slot);
+            // Nothing new (an exited thread's banked data, an idle reader): no copy.
+            if before.is_some_and(|b| b.counts == t.counts) {
+                continue;
+            }
             let mut d = t.clone();
-            if let Some(b) = before.threads.get(slot) {
+            if let Some(b) = before {
                 d.counts.subtract(&b.counts);
                 d.hists = t
                     .hists
