@@ -13,6 +13,7 @@
 //!   mechanism's cost on this host's CPU: what it would add to a real NIC's round trip.
 
 mod agreement;
+mod crashes;
 mod demo;
 mod model;
 mod stats;
@@ -61,6 +62,14 @@ enum Which {
     /// per round trip counted in the guest, times each mechanism's cost calibrated on this
     /// host (root).
     Model,
+    /// Guest kernel deaths over N attach/detach cycles of rdma-trace under traffic (one
+    /// tracer, then two at once), under the host's QEMU and bookworm-backports' 10.0, with one
+    /// TCG thread per vCPU and with one for both (not part of the default run).
+    Crashes {
+        /// Attach/detach cycles per setup.
+        #[arg(long, default_value_t = 50)]
+        cycles: u32,
+    },
 }
 
 /// The generated docs page.
@@ -117,6 +126,10 @@ pub fn run(args: &Args) -> Result<i32> {
             Which::Demo => demo::run(args.rounds)?,
             Which::Trace => trace::run(args.rounds)?,
             Which::Model => model::run(args.rounds)?,
+            Which::Crashes { cycles } => {
+                crashes::run(cycles)?;
+                continue;
+            }
         };
         println!("\n## {}\n\n{}", s.title, s.markdown);
         sections.push(s);

@@ -13,6 +13,8 @@ mod kmod;
 mod packages;
 mod qemu;
 
+pub use qemu::Build as QemuBuild;
+
 use std::{
     collections::BTreeSet,
     fs::{self, File},
@@ -24,7 +26,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::util::{root, run_cmd, say, target_dir};
+use crate::util::{cache_dir, root, run_cmd, say, target_dir};
 
 /// Exit status when the overall `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
@@ -80,6 +82,10 @@ pub struct Args {
     /// another vCPU runs it is seen at once (see `cargo xtask test`'s --enforce boot).
     #[arg(long)]
     one_tcg_thread: bool,
+    /// Which QEMU: the host's (7.2 on bookworm) or bookworm-backports' (10.0, fetched into the
+    /// cache on first use).
+    #[arg(long, value_enum, default_value_t)]
+    qemu: qemu::Build,
     /// The command to run in the guest (after `--`).
     #[arg(
         trailing_var_arg = true,
@@ -144,6 +150,7 @@ pub struct GuestRun {
     /// patches while another runs it (kprobes detached under traffic) has crashed the guest
     /// kernel; with one thread the other vCPU sees the new text at once.
     pub one_tcg_thread: bool,
+    pub qemu: qemu::Build,
 }
 
 impl Default for GuestRun {
@@ -158,6 +165,7 @@ impl Default for GuestRun {
             bench: false,
             interactive: false,
             one_tcg_thread: false,
+            qemu: qemu::Build::Host,
         }
     }
 }
@@ -183,6 +191,7 @@ pub fn run(args: &Args) -> Result<i32> {
         bench: args.bench_image,
         interactive: args.interactive,
         one_tcg_thread: args.one_tcg_thread,
+        qemu: args.qemu,
     })
 }
 
@@ -271,6 +280,7 @@ pub fn run_in_guest_to_end(r: &GuestRun) -> Result<GuestEnd> {
     });
     // The timeout covers the guest run, not the (one-time) download and image build.
     let deadline = Instant::now() + r.timeout;
+    let program = r.qemu.program(&cache_dir().join("vm"))?;
     let boot = qemu::Boot {
         kernel: &base.kernel,
         initrd: &initrd,
@@ -281,6 +291,7 @@ pub fn run_in_guest_to_end(r: &GuestRun) -> Result<GuestEnd> {
         deadline,
         interactive: r.interactive,
         one_tcg_thread: r.one_tcg_thread,
+        qemu: &program,
     };
     say(format!(
         "booting {} ({}), prepared in {:.1} s",

@@ -16,6 +16,75 @@ use anyhow::{Context as _, Result, bail};
 use crate::util::say;
 
 pub const QEMU: &str = "qemu-system-x86_64";
+
+/// Which QEMU boots the guest.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Build {
+    /// The host's own (bookworm: 7.2), from `cargo xtask setup`.
+    #[default]
+    Host,
+    /// bookworm-backports' (10.0), downloaded and unpacked into the cache on first use; it
+    /// runs from there with its own firmware and the host's libraries.
+    Backports,
+}
+
+/// A QEMU program and the firmware folders it is given (`-L`).
+#[derive(Clone, Debug)]
+pub struct Program {
+    pub path: PathBuf,
+    pub firmware: Vec<PathBuf>,
+}
+
+/// The packages of bookworm-backports' QEMU that the guest needs: the emulator, its modules,
+/// its option ROMs, and the SeaBIOS it asks for (newer than bookworm's).
+const BACKPORTS_DEBS: &[&str] = &[
+    "qemu-system-x86",
+    "qemu-system-common",
+    "qemu-system-data",
+    "seabios",
+];
+
+impl Build {
+    /// The program of this build, fetched first if it is the backports one.
+    pub fn program(self, cache: &Path) -> Result<Program> {
+        match self {
+            Build::Host => Ok(Program {
+                path: PathBuf::from(QEMU),
+                firmware: Vec::new(),
+            }),
+            Build::Backports => {
+                let dir = cache.join("qemu-backports");
+                let root = dir.join("root");
+                let done = dir.join("unpacked");
+                if !done.exists() {
+                    let debs = dir.join("debs");
+                    let _ = std::fs::remove_dir_all(&dir);
+                    let apt = super::apt::Apt::private(&cache.join("apt"), "bookworm-backports")?;
+                    let names: Vec<String> = BACKPORTS_DEBS
+                        .iter()
+                        .map(|n| format!("{n}/bookworm-backports"))
+                        .collect();
+                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                    apt.download(&debs, &names)?;
+                    for deb in std::fs::read_dir(&debs)
+                        .with_context(|| format!("reading {}", debs.display()))?
+                    {
+                        let deb = deb?.path();
+                        crate::util::run_cmd(
+                            Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root),
+                        )
+                        .with_context(|| format!("unpacking {}", deb.display()))?;
+                    }
+                    std::fs::write(&done, "")?;
+                }
+                Ok(Program {
+                    path: root.join("usr/bin").join(QEMU),
+                    firmware: vec![root.join("usr/share/qemu"), root.join("usr/share/seabios")],
+                })
+            }
+        }
+    }
+}
 const BOOTED: &[u8] = b"@@RDMA_VM_BOOTED@@";
 const EXIT: &[u8] = b"@@RDMA_VM_EXIT=";
 /// How long the guest may take to power off after printing its exit status.
@@ -95,6 +164,7 @@ pub struct Boot<'a> {
     pub interactive: bool,
     /// Under TCG, run every vCPU in one host thread (see `GuestRun::one_tcg_thread`).
     pub one_tcg_thread: bool,
+    pub qemu: &'a Program,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -128,7 +198,10 @@ fn qemu_escape(p: &Path) -> String {
 }
 
 fn command(b: &Boot, accel: Accel) -> Command {
-    let mut c = Command::new(QEMU);
+    let mut c = Command::new(&b.qemu.path);
+    for dir in &b.qemu.firmware {
+        c.arg("-L").arg(dir);
+    }
     c.args([
         "-nodefaults",
         "-no-user-config",
@@ -285,7 +358,10 @@ pub fn boot(b: &Boot, accel: Accel) -> Result<Outcome> {
     let start = Instant::now();
     let mut cmd = command(b, accel);
     let mut child = Guard(cmd.spawn().with_context(|| {
-        format!("starting {QEMU} (install qemu-system-x86: cargo xtask setup)")
+        format!(
+            "starting {} (install qemu-system-x86: cargo xtask setup)",
+            b.qemu.path.display()
+        )
     })?);
     let stdout = child.0.stdout.take().context("qemu stdout")?;
     let (tx, rx) = mpsc::channel::<Vec<u8>>();
