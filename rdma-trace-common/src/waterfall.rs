@@ -365,7 +365,10 @@ pub struct WfConfig {
     pub buf_mask: u32,
     pub buf_producer: u32,
     pub buf_consumer: u32,
-    pub _pad: u32,
+    /// `struct task_struct`'s state (`__state` from 5.14, `state` before; its low 32 bits): a
+    /// thread switched out to sleep whose wake-up is already under way reads TASK_WAKING or
+    /// RUNNING there (0: unknown).
+    pub task_state: u32,
 }
 
 impl WfConfig {
@@ -384,7 +387,7 @@ impl WfConfig {
         buf_mask: 0,
         buf_producer: 0,
         buf_consumer: 0,
-        _pad: 0,
+        task_state: 0,
     };
 }
 

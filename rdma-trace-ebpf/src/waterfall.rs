@@ -26,8 +26,8 @@
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
-        bpf_probe_read_kernel,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_smp_processor_id, bpf_probe_read_kernel,
     },
     macros::{kprobe, kretprobe, map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
@@ -416,16 +416,20 @@ pub fn wf_sched_switch(ctx: TracePointContext) -> u32 {
     let state: u32 = unsafe { ctx.read_at(cfg.switch_prev_state as usize) }.unwrap_or(1);
     // SAFETY: as above.
     let next: i32 = unsafe { ctx.read_at(cfg.switch_next_pid as usize) }.unwrap_or(0);
-    // Switched out while runnable (no sleep bit below 0x100; 0x100 and up mark preemption): a
-    // runnable period starts. Switched out to sleep: none is open (a wake-up seen while the
-    // thread was still on its CPU started none).
+    // Switched out while runnable (no sleep bit below 0x100; 0x100 and up mark preemption), or
+    // to sleep with its wake-up already under way: a runnable period starts. Switched out to
+    // sleep: none is open (a wake-up seen while the thread was still on its CPU started none).
     if prev > 0
         && let Some(r) = WF_RUNNABLE.get_ptr_mut(prev as u32)
     {
         // SAFETY: a hash map value; only this thread's own switches and wake-ups touch it,
         // and a thread switches on one CPU at a time.
         let r = unsafe { &mut *r };
-        r.since = if state & 0xff == 0 { t } else { 0 };
+        r.since = if state & 0xff == 0 || wake_under_way(&cfg) {
+            t
+        } else {
+            0
+        };
         if r.on_since != 0 {
             let i = (r.on_count % u64::from(WF_RUNNABLE_LEN)) as usize;
             if let (Some(a), Some(b)) = (r.on_start.get_mut(i), r.on_end.get_mut(i)) {
@@ -461,6 +465,27 @@ pub fn wf_sched_switch(ctx: TracePointContext) -> u32 {
         w.cpu_on = cpu();
     }
     0
+}
+
+/// TASK_WAKING: `try_to_wake_up` sets it before it waits for the task to leave its CPU.
+const TASK_WAKING: u32 = 0x200;
+
+/// Whether the thread switching out (the current one, at `sched_switch`) to sleep is already
+/// being woken. Since 5.18 `sched_switch` reports the state `__schedule` read before a wake-up
+/// that raced with the switch-out; that wake-up has set the task's state to TASK_WAKING (or
+/// RUNNING) by now, and puts the thread back on a run queue as soon as it is off its CPU.
+#[inline(always)]
+fn wake_under_way(cfg: &WfConfig) -> bool {
+    if cfg.task_state == 0 {
+        return false;
+    }
+    // SAFETY: bpf_get_current_task has no preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    // SAFETY: bpf_probe_read_kernel checks the address; a bad one gives an error, not a fault.
+    let state: u32 =
+        unsafe { bpf_probe_read_kernel((task + u64::from(cfg.task_state)) as *const u32) }
+            .unwrap_or(1);
+    state == 0 || state & TASK_WAKING != 0
 }
 
 /// Of `t1`..`t4`, the time thread `tid` spent runnable but off a CPU (woken or preempted, not

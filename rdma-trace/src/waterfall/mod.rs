@@ -52,6 +52,8 @@ struct Offsets {
     ev_queue: u32,
     /// `struct ib_cq`'s restrack id (`res.id`), 0 when not found.
     cq_res_id: u32,
+    /// `struct task_struct`'s state, 0 when not found.
+    task_state: u32,
     /// rxe (its module's BTF, when loaded): `rxe_cq.queue`, `rxe_queue.buf`, and the shared
     /// buffer's `index_mask`, `producer_index`, `consumer_index`; zeros when not found.
     rxe: [u32; 5],
@@ -70,6 +72,12 @@ fn btf_offsets(root: &Path) -> Result<Offsets> {
     let private = base
         .member_offset("file", "private_data")
         .context("vmlinux BTF")?;
+    // Optional: without it, a reader whose wake-up raced with its switch-out counts as asleep
+    // until that wake-up lands it on a CPU.
+    let task_state = base
+        .member_offset("task_struct", "__state")
+        .or_else(|_| base.member_offset("task_struct", "state"))
+        .unwrap_or(0);
     let module = std::fs::read(dir.join("ib_uverbs"))
         .map_err(|e| anyhow!(Unsupported(missing_module_btf(root, &dir, &e))))?;
     let split = Btf::parse(&module, Some(base.clone())).context("parsing ib_uverbs BTF")?;
@@ -98,6 +106,7 @@ fn btf_offsets(root: &Path) -> Result<Offsets> {
         private,
         ev_queue,
         cq_res_id,
+        task_state,
         rxe,
     })
 }
@@ -265,7 +274,7 @@ impl Waterfall {
             buf_mask,
             buf_producer,
             buf_consumer,
-            _pad: 0,
+            task_state: off.task_state,
         };
         let ncpu = aya::util::nr_cpus().map_err(|(_, e)| anyhow!("counting CPUs: {e}"))?;
         let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)
