@@ -75,6 +75,8 @@ struct Outcome {
     boots: u32,
     /// (cycle, "one tracer" / "two tracers", the console's line).
     deaths: Vec<(u32, &'static str, String)>,
+    /// Oopses the kernel survived: (cycle, the first lines of each).
+    oopses: Vec<(u32, String)>,
     /// The guest was stopped at its timeout, or could not go on.
     ended_early: Option<String>,
     secs: f64,
@@ -85,6 +87,14 @@ struct Outcome {
 fn script(first: u32, cycles: u32) -> String {
     format!(
         r#"
+dmesg -c > /dev/null 2>&1
+# The kernel's oopses since the last look: a line `oops N: ...` with the first of its lines.
+oopses() {{
+    local d
+    d=$(dmesg -c 2>/dev/null | grep -E "BUG:|Oops:|general protection|RIP:" | head -3 | tr '\n' ' ')
+    [ -n "$d" ] && echo "oops $1: $d"
+    return 0
+}}
 ( while :; do rdma-demo pingpong --loopback --port 0 -d rxe1 --server-device rxe0 --mode event -n 100000 > /dev/null 2>&1 || sleep 0.5; done ) &
 LOAD=$!
 sleep 2
@@ -104,11 +114,22 @@ for i in $(seq {first} {cycles}); do
         wait $A; ra=$?; wait $B; rb=$?
         echo "cycle $i two: $ra $rb"
     fi
+    oopses $i
 done
 echo "== round $(({cycles} + 1))"
 kill $LOAD 2>/dev/null
 "#
     )
+}
+
+/// The oopses the log names (`oops N: LINES`), by cycle.
+fn oopses(log: &str) -> Vec<(u32, String)> {
+    log.lines()
+        .filter_map(|l| {
+            let (n, what) = l.strip_prefix("oops ")?.split_once(": ")?;
+            Some((n.parse().ok()?, what.trim().to_owned()))
+        })
+        .collect()
 }
 
 /// The last cycle the log says was begun (`== round N`), 0 for none.
@@ -209,6 +230,7 @@ fn run_setup(setup: Setup, cycles: u32) -> Result<Outcome> {
     }
     let log = fs::read_to_string(dir.join("log.txt")).unwrap_or_default();
     let (tracer_runs, tracer_failures) = tracer_counts(&log);
+    let oopses = oopses(&log);
     Ok(Outcome {
         setup,
         cycles_done: first.saturating_sub(1).min(cycles),
@@ -216,6 +238,7 @@ fn run_setup(setup: Setup, cycles: u32) -> Result<Outcome> {
         tracer_failures,
         boots,
         deaths,
+        oopses,
         ended_early,
         secs: started.elapsed().as_secs_f64(),
     })
@@ -225,13 +248,13 @@ fn markdown(outcomes: &[Outcome], cycles: u32) -> String {
     let mut md = format!(
         "Guest 6.1 (TCG, 2 vCPUs), {cycles} cycles per setup under an event-mode ping-pong: odd \
          cycles one `rdma-trace run --all --duration 1`, even cycles two at once.\n\n\
-         | setup | cycles | tracer runs (failed) | boots | kernel deaths | minutes |\n\
-         |---|---|---|---|---|---|\n"
+         | setup | cycles | tracer runs (failed) | boots | kernel deaths | oopses survived | minutes |\n\
+         |---|---|---|---|---|---|---|\n"
     );
     for o in outcomes {
         let _ = writeln!(
             md,
-            "| {} | {}{} | {} ({}) | {} | {} | {:.1} |",
+            "| {} | {}{} | {} ({}) | {} | {} | {} | {:.1} |",
             o.setup.label(),
             o.cycles_done,
             o.ended_early
@@ -241,13 +264,27 @@ fn markdown(outcomes: &[Outcome], cycles: u32) -> String {
             o.tracer_failures,
             o.boots,
             o.deaths.len(),
+            o.oopses.len(),
             o.secs / 60.0
         );
     }
-    for o in outcomes.iter().filter(|o| !o.deaths.is_empty()) {
+    let kind = |cycle: &u32| {
+        if cycle % 2 == 1 {
+            "one tracer"
+        } else {
+            "two tracers"
+        }
+    };
+    for o in outcomes
+        .iter()
+        .filter(|o| !o.deaths.is_empty() || !o.oopses.is_empty())
+    {
         let _ = writeln!(md, "\n{}:", o.setup.label());
         for (cycle, kind, line) in &o.deaths {
-            let _ = writeln!(md, "- cycle {cycle} ({kind}): `{line}`");
+            let _ = writeln!(md, "- died in cycle {cycle} ({kind}): `{line}`");
+        }
+        for (cycle, line) in &o.oopses {
+            let _ = writeln!(md, "- oops in cycle {cycle} ({}): `{line}`", kind(cycle));
         }
     }
     md
@@ -284,6 +321,15 @@ mod tests {
         assert_eq!(tracer_counts(log), (3, 1));
         assert_eq!(last_begun(log), 3);
         assert_eq!(last_begun("booting\n"), 0);
+        assert_eq!(
+            oopses(
+                "cycle 4 two: 137 137\noops 4: BUG: kernel NULL pointer dereference RIP: 0010:0x0\n"
+            ),
+            vec![(
+                4,
+                "BUG: kernel NULL pointer dereference RIP: 0010:0x0".to_owned()
+            )]
+        );
     }
 
     #[test]
