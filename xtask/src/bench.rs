@@ -69,6 +69,9 @@ enum Which {
         /// Attach/detach cycles per setup.
         #[arg(long, default_value_t = 50)]
         cycles: u32,
+        /// Only the setups with one TCG thread per vCPU (the test bed's), under both QEMUs.
+        #[arg(long)]
+        per_vcpu_only: bool,
     },
 }
 
@@ -126,8 +129,11 @@ pub fn run(args: &Args) -> Result<i32> {
             Which::Demo => demo::run(args.rounds)?,
             Which::Trace => trace::run(args.rounds)?,
             Which::Model => model::run(args.rounds)?,
-            Which::Crashes { cycles } => {
-                crashes::run(cycles)?;
+            Which::Crashes {
+                cycles,
+                per_vcpu_only,
+            } => {
+                crashes::run(cycles, per_vcpu_only)?;
                 continue;
             }
         };

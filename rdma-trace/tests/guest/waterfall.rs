@@ -219,6 +219,18 @@ fn run_script(
     (run, dir)
 }
 
+/// A demo a load script started as `sh -c 'echo $$ > "$0.pid"; exec rdma-demo ... --json "$0"'`:
+/// its pid (from `JSON.pid`) and its JSON report.
+fn demo_pid_and_json(json: &std::path::Path) -> (u64, Value) {
+    let pid = std::fs::read_to_string(json.with_extension("json.pid"))
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    let demo = serde_json::from_slice(&std::fs::read(json).expect("demo JSON")).expect("JSON");
+    (pid, demo)
+}
+
 #[test]
 fn three_concurrent_event_mode_pairs_each_get_their_own_count() {
     // Three loopback ping-pongs at once (client and server threads each), with different
@@ -239,14 +251,7 @@ wait
         .expect("waterfall processes");
     assert_eq!(procs.len(), 3, "three demo processes: {procs:?}");
     for n in [150, 300, 450] {
-        let base = dir.join(format!("demo-{n}.json"));
-        let pid: u64 = std::fs::read_to_string(base.with_extension("json.pid"))
-            .expect("pid file")
-            .trim()
-            .parse()
-            .expect("pid");
-        let demo: Value =
-            serde_json::from_slice(&std::fs::read(&base).expect("demo JSON")).expect("JSON");
+        let (pid, demo) = demo_pid_and_json(&dir.join(format!("demo-{n}.json")));
         let cq_events = demo_cq_events(&demo);
         let p = find_by(procs, "pid", pid)
             .unwrap_or_else(|| panic!("no waterfall for pid {pid} (-n {n}): {procs:?}"));
@@ -408,14 +413,7 @@ done
     );
     let mut readers = 0;
     for i in 0..DEMOS {
-        let base = dir.join(format!("demo-{i}.json"));
-        let pid: u64 = std::fs::read_to_string(base.with_extension("json.pid"))
-            .expect("pid file")
-            .trim()
-            .parse()
-            .expect("pid");
-        let demo: Value =
-            serde_json::from_slice(&std::fs::read(&base).expect("demo JSON")).expect("JSON");
+        let (pid, demo) = demo_pid_and_json(&dir.join(format!("demo-{i}.json")));
         let cq_events = demo_cq_events(&demo);
         readers += demo["reports"]
             .as_array()

@@ -290,10 +290,16 @@ fn markdown(outcomes: &[Outcome], cycles: u32) -> String {
     md
 }
 
-pub fn run(cycles: u32) -> Result<()> {
+/// `per_vcpu_only`: leave out the setups with one TCG thread for both vCPUs.
+pub fn run(cycles: u32, per_vcpu_only: bool) -> Result<()> {
     let mut outcomes = Vec::new();
+    let threads: &[bool] = if per_vcpu_only {
+        &[false]
+    } else {
+        &[false, true]
+    };
     for qemu in [QemuBuild::Host, QemuBuild::Backports] {
-        for one_tcg_thread in [false, true] {
+        for &one_tcg_thread in threads {
             outcomes.push(run_setup(
                 Setup {
                     qemu,
