@@ -72,6 +72,9 @@ enum Which {
         /// Only the setups with one TCG thread per vCPU (the test bed's), under both QEMUs.
         #[arg(long)]
         per_vcpu_only: bool,
+        /// Only this QEMU (default: both).
+        #[arg(long, value_enum)]
+        qemu: Option<vm::QemuBuild>,
     },
 }
 
@@ -132,8 +135,9 @@ pub fn run(args: &Args) -> Result<i32> {
             Which::Crashes {
                 cycles,
                 per_vcpu_only,
+                qemu,
             } => {
-                crashes::run(cycles, per_vcpu_only)?;
+                crashes::run(cycles, per_vcpu_only, qemu)?;
                 continue;
             }
         };

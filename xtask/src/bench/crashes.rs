@@ -290,8 +290,8 @@ fn markdown(outcomes: &[Outcome], cycles: u32) -> String {
     md
 }
 
-/// `per_vcpu_only`: leave out the setups with one TCG thread for both vCPUs.
-pub fn run(cycles: u32, per_vcpu_only: bool) -> Result<()> {
+/// `per_vcpu_only`: leave out the setups with one TCG thread for both vCPUs; `only`: one QEMU.
+pub fn run(cycles: u32, per_vcpu_only: bool, only: Option<QemuBuild>) -> Result<()> {
     let mut outcomes = Vec::new();
     let threads: &[bool] = if per_vcpu_only {
         &[false]
@@ -299,6 +299,9 @@ pub fn run(cycles: u32, per_vcpu_only: bool) -> Result<()> {
         &[false, true]
     };
     for qemu in [QemuBuild::Host, QemuBuild::Backports] {
+        if only.is_some_and(|o| o != qemu) {
+            continue;
+        }
         for &one_tcg_thread in threads {
             outcomes.push(run_setup(
                 Setup {
