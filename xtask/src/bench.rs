@@ -11,6 +11,8 @@
 //!   equivalent script (`bench/equivalent.bt`), and under bpftrace with empty probe bodies.
 //! - `model` (`bench/model.rs`): each preset's hook hits per round trip (guest) times each
 //!   mechanism's cost on this host's CPU: what it would add to a real NIC's round trip.
+//! - `crashes` (`bench/crashes.rs`, not in the default run): guest kernel deaths and oopses over
+//!   attach/detach cycles of rdma-trace, per QEMU and TCG setup (docs/testing.md quotes it).
 
 mod agreement;
 mod crashes;
