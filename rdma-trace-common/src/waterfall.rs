@@ -200,6 +200,16 @@ pub struct WfThread {
     pub exited: u32,
 }
 
+impl WfThread {
+    /// A slot no thread owns.
+    pub const NONE: WfThread = WfThread {
+        tid: 0,
+        tgid: 0,
+        comm: [0; 16],
+        exited: 0,
+    };
+}
+
 /// One completion event, as sampled (`--sample N`). Times in ns of CLOCK_MONOTONIC; T2 = T3 = 0
 /// for events whose reader was awake; T0 = 0 without a driver stamp.
 #[repr(C)]

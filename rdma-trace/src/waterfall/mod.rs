@@ -547,16 +547,7 @@ impl Waterfall {
             hists.set(slot * WF_NHIST + h, zero, 0)?;
         }
         let mut threads: Array<MapData, WfThread> = Array::try_from(self.map_copy("WF_THREAD")?)?;
-        threads.set(
-            slot,
-            WfThread {
-                tid: 0,
-                tgid: 0,
-                comm: [0; 16],
-                exited: 0,
-            },
-            0,
-        )?;
+        threads.set(slot, WfThread::NONE, 0)?;
         let mut owners: BpfHashMap<MapData, u32, u32> =
             BpfHashMap::try_from(self.map_copy("WF_SLOT_OWNER")?)?;
         owners.remove(&slot)?;
@@ -565,21 +556,16 @@ impl Waterfall {
 
     /// A map of the object through a file descriptor of its own, to write to it from `&self`.
     fn map_copy(&self, name: &str) -> Result<aya::maps::Map> {
+        use aya::maps::Map;
         use std::os::fd::AsFd as _;
-        let data = match self.ebpf.map(name) {
-            Some(
-                aya::maps::Map::Array(m)
-                | aya::maps::Map::PerCpuArray(m)
-                | aya::maps::Map::HashMap(m),
-            ) => m,
-            _ => bail!("map {name} is not in the eBPF object"),
+        let copy = |m: &MapData| -> Result<MapData> {
+            Ok(MapData::from_fd(m.fd().as_fd().try_clone_to_owned()?)?)
         };
-        let fd = data.fd().as_fd().try_clone_to_owned()?;
-        let copy = MapData::from_fd(fd)?;
         Ok(match self.ebpf.map(name) {
-            Some(aya::maps::Map::Array(_)) => aya::maps::Map::Array(copy),
-            Some(aya::maps::Map::PerCpuArray(_)) => aya::maps::Map::PerCpuArray(copy),
-            _ => aya::maps::Map::HashMap(copy),
+            Some(Map::Array(m)) => Map::Array(copy(m)?),
+            Some(Map::PerCpuArray(m)) => Map::PerCpuArray(copy(m)?),
+            Some(Map::HashMap(m)) => Map::HashMap(copy(m)?),
+            _ => bail!("map {name} is not in the eBPF object as an array or hash map"),
         })
     }
 
@@ -1063,12 +1049,7 @@ mod tests {
 
     #[test]
     fn a_slot_is_read_when_a_thread_took_it_or_it_is_the_shared_last_one() {
-        let none = WfThread {
-            tid: 0,
-            tgid: 0,
-            comm: [0; 16],
-            exited: 0,
-        };
+        let none = WfThread::NONE;
         assert!(!owned(3, &none), "never taken");
         assert!(
             owned(WF_THREADS - 1, &none),

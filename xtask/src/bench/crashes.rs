@@ -35,34 +35,38 @@ struct Setup {
 }
 
 impl Setup {
-    fn name(self) -> String {
-        format!(
-            "crashes-{}-{}",
+    /// (results folder part, label) of its QEMU and of its TCG threading.
+    fn parts(self) -> [(&'static str, &'static str); 2] {
+        [
             match self.qemu {
-                QemuBuild::Host => "qemu7.2",
-                QemuBuild::Backports => "qemu10.0",
+                QemuBuild::Host => ("qemu7.2", "QEMU 7.2 (bookworm)"),
+                QemuBuild::Backports => ("qemu10.0", "QEMU 10.0 (bookworm-backports)"),
             },
             if self.one_tcg_thread {
-                "one-thread"
+                ("one-thread", "one TCG thread for both vCPUs")
             } else {
-                "thread-per-vcpu"
-            }
-        )
+                ("thread-per-vcpu", "one TCG thread per vCPU")
+            },
+        ]
+    }
+
+    fn name(self) -> String {
+        let [(q, _), (t, _)] = self.parts();
+        format!("crashes-{q}-{t}")
     }
 
     fn label(self) -> String {
-        format!(
-            "QEMU {}, {}",
-            match self.qemu {
-                QemuBuild::Host => "7.2 (bookworm)",
-                QemuBuild::Backports => "10.0 (bookworm-backports)",
-            },
-            if self.one_tcg_thread {
-                "one TCG thread for both vCPUs"
-            } else {
-                "one TCG thread per vCPU"
-            }
-        )
+        let [(_, q), (_, t)] = self.parts();
+        format!("{q}, {t}")
+    }
+}
+
+/// What a cycle runs: odd cycles one tracer, even cycles two at once.
+fn cycle_kind(cycle: u32) -> &'static str {
+    if cycle % 2 == 1 {
+        "one tracer"
+    } else {
+        "two tracers"
     }
 }
 
@@ -201,12 +205,7 @@ fn run_setup(setup: Setup, cycles: u32) -> Result<Outcome> {
             // The cycle that died is the last one begun; none begun in this boot: it died
             // before its first cycle (at boot, or while the load started).
             let (cycle, kind) = if begun >= first {
-                let kind = if begun % 2 == 1 {
-                    "one tracer"
-                } else {
-                    "two tracers"
-                };
-                (begun, kind)
+                (begun, cycle_kind(begun))
             } else {
                 (first, "before its first cycle")
             };
@@ -268,13 +267,6 @@ fn markdown(outcomes: &[Outcome], cycles: u32) -> String {
             o.secs / 60.0
         );
     }
-    let kind = |cycle: &u32| {
-        if cycle % 2 == 1 {
-            "one tracer"
-        } else {
-            "two tracers"
-        }
-    };
     for o in outcomes
         .iter()
         .filter(|o| !o.deaths.is_empty() || !o.oopses.is_empty())
@@ -284,7 +276,11 @@ fn markdown(outcomes: &[Outcome], cycles: u32) -> String {
             let _ = writeln!(md, "- died in cycle {cycle} ({kind}): `{line}`");
         }
         for (cycle, line) in &o.oopses {
-            let _ = writeln!(md, "- oops in cycle {cycle} ({}): `{line}`", kind(cycle));
+            let _ = writeln!(
+                md,
+                "- oops in cycle {cycle} ({}): `{line}`",
+                cycle_kind(*cycle)
+            );
         }
     }
     md
