@@ -250,6 +250,7 @@ mod tests {
             tgid: tid,
             comm: format!("t{tid}"),
             counts: c,
+            cpus: Default::default(),
             hists: Vec::new(),
         }
     }

@@ -687,6 +687,7 @@ mod tests {
                     tgid: 7,
                     comm: "demo".into(),
                     counts,
+                    cpus: Default::default(),
                     hists,
                 },
             )]
