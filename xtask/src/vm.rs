@@ -82,8 +82,8 @@ pub struct Args {
     /// another vCPU runs it is seen at once (see `cargo xtask test`'s --enforce boot).
     #[arg(long)]
     one_tcg_thread: bool,
-    /// Which QEMU: the host's (7.2 on bookworm) or bookworm-backports' (10.0, fetched into the
-    /// cache on first use).
+    /// Which QEMU: bookworm-backports' (10.0, fetched into the cache on first use; the test
+    /// bed's) or the host's (7.2 on bookworm).
     #[arg(long, value_enum, default_value_t)]
     qemu: qemu::Build,
     /// The command to run in the guest (after `--`).
@@ -165,7 +165,7 @@ impl Default for GuestRun {
             bench: false,
             interactive: false,
             one_tcg_thread: false,
-            qemu: qemu::Build::Host,
+            qemu: qemu::Build::default(),
         }
     }
 }
@@ -281,6 +281,7 @@ pub fn run_in_guest_to_end(r: &GuestRun) -> Result<GuestEnd> {
     // The timeout covers the guest run, not the (one-time) download and image build.
     let deadline = Instant::now() + r.timeout;
     let program = r.qemu.program(&cache_dir().join("vm"))?;
+    say(format!("QEMU: {}", r.qemu.describe()));
     let boot = qemu::Boot {
         kernel: &base.kernel,
         initrd: &initrd,

@@ -20,11 +20,13 @@ pub const QEMU: &str = "qemu-system-x86_64";
 /// Which QEMU boots the guest.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Build {
-    /// The host's own (bookworm: 7.2), from `cargo xtask setup`.
-    #[default]
+    /// The host's own (bookworm: 7.2), from `cargo xtask setup`. With a TCG thread per vCPU,
+    /// guest kernels died under it while kernel text was patched (docs/testing.md, "Guest
+    /// kernel deaths"): it is no longer the test bed's.
     Host,
     /// bookworm-backports' (10.0), downloaded and unpacked into the cache on first use; it
-    /// runs from there with its own firmware and the host's libraries.
+    /// runs from there with its own firmware and the host's libraries. The test bed's.
+    #[default]
     Backports,
 }
 
@@ -45,6 +47,14 @@ const BACKPORTS_DEBS: &[&str] = &[
 ];
 
 impl Build {
+    /// Which QEMU this is, for the log.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Build::Host => "the host's (bookworm: 7.2)",
+            Build::Backports => "bookworm-backports' (10.0)",
+        }
+    }
+
     /// The program of this build, fetched first if it is the backports one.
     pub fn program(self, cache: &Path) -> Result<Program> {
         match self {
