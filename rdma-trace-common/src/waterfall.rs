@@ -15,31 +15,8 @@ use crate::HIST_SLOTS;
 /// the thread exits (`WfThread::exited`).
 pub const WF_THREADS: u32 = 32;
 
-/// Events per CPU, per thread slot (`WF_CPU_EVENTS`, sized by the loader for the machine's
-/// possible CPUs): the CPU that ran the handler (T1).
-pub const CPU_HANDLER: u32 = 0;
-/// The CPU the waiter ran on: T3's for woken events, T4's for the others.
-pub const CPU_WAITER: u32 = 1;
-/// The CPU of the read's return (T4).
-pub const CPU_READ: u32 = 2;
-pub const NR_CPU_KINDS: u32 = 3;
-
-/// Where `WF_CPU_EVENTS` counts slot `slot`'s events of `kind` (`CPU_*`) on `cpu`, in a map
-/// sized for `ncpus` CPUs ([`cpu_events_len`]).
-pub const fn cpu_event_index(slot: u32, kind: u32, cpu: u32, ncpus: u32) -> u32 {
-    (slot * NR_CPU_KINDS + kind) * ncpus + cpu
-}
-
-/// Slot `slot`'s entries of `WF_CPU_EVENTS` (every kind and CPU), for `ncpus` CPUs.
-pub const fn cpu_events_of_slot(slot: u32, ncpus: u32) -> core::ops::Range<u32> {
-    let first = cpu_event_index(slot, 0, 0, ncpus);
-    first..first + NR_CPU_KINDS * ncpus
-}
-
-/// `WF_CPU_EVENTS`'s entries for `ncpus` CPUs.
-pub const fn cpu_events_len(ncpus: u32) -> u32 {
-    WF_THREADS * NR_CPU_KINDS * ncpus
-}
+/// CPUs the placement table and the per-CPU counts cover (higher CPUs count as unknown).
+pub const WF_CPUS: u32 = 64;
 
 /// Completion events remembered per channel between the handler and the read.
 pub const WF_QUEUE_LEN: u32 = 16;
@@ -71,7 +48,7 @@ pub const CLASS_LLC: u32 = 2;
 pub const CLASS_NODE: u32 = 3;
 /// Another NUMA node.
 pub const CLASS_OTHER_NODE: u32 = 4;
-/// A CPU whose topology the loader could not read.
+/// A CPU beyond [`WF_CPUS`], or a topology the loader could not read.
 pub const CLASS_UNKNOWN: u32 = 5;
 pub const NR_CLASSES: u32 = 6;
 
@@ -129,14 +106,19 @@ pub const L_RETURN_MISSED: u32 = 7;
 pub const L_SLOT_REFOUND: u32 = 8;
 pub const NR_LOSSES: u32 = 9;
 
-/// Per thread slot and CPU: counters, placement classes and losses (the events per CPU are in
-/// `WF_CPU_EVENTS`, sized at load for the machine's CPUs).
+/// Per thread slot and CPU: counters, placement classes and the CPUs of the stages.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WfCounts {
     pub counters: [u64; NR_WCOUNTERS as usize],
     /// Events per placement class (handler CPU against the waiter's CPU).
     pub classes: [u64; NR_CLASSES as usize],
+    /// Events per CPU that ran the handler (T1).
+    pub handler_cpu: [u64; WF_CPUS as usize],
+    /// Events per CPU the waiter ran on: T3's for woken events, T4's for the others.
+    pub waiter_cpu: [u64; WF_CPUS as usize],
+    /// Events per CPU of the read's return (T4).
+    pub read_cpu: [u64; WF_CPUS as usize],
     /// Loss counters (`L_*`): per thread where a thread is known, else in the last slot.
     pub lost: [u64; NR_LOSSES as usize],
 }
@@ -148,6 +130,9 @@ impl WfCounts {
     pub const ZERO: WfCounts = WfCounts {
         counters: [0; NR_WCOUNTERS as usize],
         classes: [0; NR_CLASSES as usize],
+        handler_cpu: [0; WF_CPUS as usize],
+        waiter_cpu: [0; WF_CPUS as usize],
+        read_cpu: [0; WF_CPUS as usize],
         lost: [0; NR_LOSSES as usize],
     };
 
@@ -173,9 +158,12 @@ impl WfCounts {
 
     /// `f` on each count and `o`'s count at the same place.
     fn each_with(&mut self, o: &WfCounts, f: impl Fn(&mut u64, u64)) {
-        let pairs: [(&mut [u64], &[u64]); 3] = [
+        let pairs: [(&mut [u64], &[u64]); 6] = [
             (&mut self.counters, &o.counters),
             (&mut self.classes, &o.classes),
+            (&mut self.handler_cpu, &o.handler_cpu),
+            (&mut self.waiter_cpu, &o.waiter_cpu),
+            (&mut self.read_cpu, &o.read_cpu),
             (&mut self.lost, &o.lost),
         ];
         for (a, b) in pairs {
@@ -391,8 +379,6 @@ pub struct WfConfig {
     /// thread switched out to sleep whose wake-up is already under way reads TASK_WAKING or
     /// RUNNING there (0: unknown).
     pub task_state: u32,
-    /// The CPUs `WF_CPU_EVENTS` and `WF_CPU_TOPO` cover: the machine's possible CPUs.
-    pub ncpus: u32,
 }
 
 impl WfConfig {
@@ -412,51 +398,7 @@ impl WfConfig {
         buf_producer: 0,
         buf_consumer: 0,
         task_state: 0,
-        ncpus: 0,
     };
-}
-
-/// One CPU's place in the machine (`WF_CPU_TOPO`, filled by the loader): ids of the CPU sets it
-/// shares its core (SMT siblings), its last-level cache and its NUMA node with. Two CPUs share
-/// a core or an LLC when their ids are equal.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WfCpuTopo {
-    /// 0: the loader could not read this CPU's topology.
-    pub known: u32,
-    pub core: u32,
-    pub llc: u32,
-    /// [`WfCpuTopo::NO_NODE`]: no NUMA information (one node).
-    pub node: u32,
-}
-
-impl WfCpuTopo {
-    pub const UNKNOWN: WfCpuTopo = WfCpuTopo {
-        known: 0,
-        core: 0,
-        llc: 0,
-        node: 0,
-    };
-    pub const NO_NODE: u32 = u32::MAX;
-
-    /// Placement class (`CLASS_*`) of a completion handled on CPU `h_cpu` (at `h`) for a waiter
-    /// on CPU `w_cpu` (at `w`).
-    #[inline(always)]
-    pub fn class(h_cpu: u32, h: &WfCpuTopo, w_cpu: u32, w: &WfCpuTopo) -> u32 {
-        if h.known == 0 || w.known == 0 {
-            CLASS_UNKNOWN
-        } else if h_cpu == w_cpu {
-            CLASS_SAME_CPU
-        } else if h.core == w.core {
-            CLASS_SMT
-        } else if h.llc == w.llc {
-            CLASS_LLC
-        } else if h.node == w.node || h.node == Self::NO_NODE || w.node == Self::NO_NODE {
-            CLASS_NODE
-        } else {
-            CLASS_OTHER_NODE
-        }
-    }
 }
 
 #[cfg(feature = "user")]
@@ -470,8 +412,6 @@ mod user {
     unsafe impl aya::Pod for super::WfThread {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::WfConfig {}
-    // SAFETY: see above.
-    unsafe impl aya::Pod for super::WfCpuTopo {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::WfCq {}
     // SAFETY: see above.
@@ -493,11 +433,10 @@ mod tests {
         assert!(core::mem::size_of::<WfCounts>() <= 32 * 1024);
         assert_eq!(
             core::mem::size_of::<WfCounts>(),
-            8 * (NR_WCOUNTERS + NR_CLASSES + NR_LOSSES) as usize
+            8 * (NR_WCOUNTERS + NR_CLASSES + 3 * WF_CPUS + NR_LOSSES) as usize
         );
         assert_eq!(core::mem::size_of::<WfSample>(), 5 * 8 + 8 * 4);
-        assert_eq!(core::mem::size_of::<WfConfig>(), 72);
-        assert_eq!(core::mem::size_of::<WfCpuTopo>(), 16);
+        assert_eq!(core::mem::size_of::<WfConfig>(), 64);
         assert_eq!(
             core::mem::size_of::<WfRunnable>(),
             8 * (4 + 4 * WF_RUNNABLE_LEN as usize)

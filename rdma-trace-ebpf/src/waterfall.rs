@@ -36,18 +36,17 @@ use aya_ebpf::{
 use rdma_trace_common::{
     HIST_SLOTS, hist_slot,
     waterfall::{
-        CLASS_UNKNOWN, CPU_HANDLER, CPU_READ, CPU_WAITER, H_AWAKE, H_CLASS, H_DRIVER, H_READ,
-        H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED, L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED,
-        L_RETURN_MISSED, L_SAMPLES, L_SLOT_NOT_STORED, L_SLOT_REFOUND, L_WAKE_NOT_STORED,
-        NR_CLASSES, SF_CLAMPED, SF_NO_SWITCH, SF_WOKEN, W_AWAKE, W_AWAKE_ON_CPU_SUM,
-        W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS,
-        W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_NHIST, WF_QUEUE_LEN,
-        WF_RUNNABLE_LEN, WF_THREADS, WfConfig, WfCounts, WfCpuTopo, WfCq, WfHist, WfQueue as Queue,
-        WfReading as Reading, WfRunnable, WfSample, WfThread, WfWake as Wake,
+        CLASS_UNKNOWN, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED,
+        L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED, L_SAMPLES, L_SLOT_NOT_STORED,
+        L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED, SF_NO_SWITCH, SF_WOKEN, W_AWAKE,
+        W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM,
+        W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_CPUS,
+        WF_NHIST, WF_QUEUE_LEN, WF_RUNNABLE_LEN, WF_THREADS, WfConfig, WfCounts, WfCq, WfHist,
+        WfQueue as Queue, WfReading as Reading, WfRunnable, WfSample, WfThread, WfWake as Wake,
     },
 };
 
-use rdma_trace_common::waterfall::{NO_ID, cpu_event_index};
+use rdma_trace_common::waterfall::NO_ID;
 
 use crate::{config, now};
 
@@ -116,13 +115,9 @@ static WF_COUNTS: PerCpuArray<WfCounts> = PerCpuArray::with_max_entries(WF_THREA
 /// Histogram `h` of slot `s` at `s * WF_NHIST + h`.
 #[map]
 static WF_HIST: PerCpuArray<WfHist> = PerCpuArray::with_max_entries(WF_THREADS * WF_NHIST, 0);
-/// Each CPU's place in the machine, filled by the loader (which sizes it: `WfConfig::ncpus`).
+/// Placement class of (handler CPU × WF_CPUS + waiter CPU), filled by the loader.
 #[map]
-static WF_CPU_TOPO: Array<WfCpuTopo> = Array::with_max_entries(1, 0);
-/// Events per thread slot, kind (`CPU_*`) and CPU, at `cpu_event_index` (the loader sizes it
-/// for `WfConfig::ncpus` CPUs). Shared by all CPUs: every writer adds atomically.
-#[map]
-static WF_CPU_EVENTS: Array<u64> = Array::with_max_entries(1, 0);
+static WF_CLASS: Array<u32> = Array::with_max_entries(WF_CPUS * WF_CPUS, 0);
 /// Per-event samples (`--sample N`; the loader sizes the ring).
 #[map]
 static WF_SAMPLES: RingBuf = RingBuf::with_byte_size(4096, 0);
@@ -733,10 +728,13 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
 
 #[inline(always)]
 fn class(handler: u32, waiter: u32) -> u32 {
-    match (WF_CPU_TOPO.get(handler), WF_CPU_TOPO.get(waiter)) {
-        (Some(h), Some(w)) => WfCpuTopo::class(handler, h, waiter, w),
-        _ => CLASS_UNKNOWN,
+    if handler >= WF_CPUS || waiter >= WF_CPUS {
+        return CLASS_UNKNOWN;
     }
+    WF_CLASS
+        .get(handler * WF_CPUS + waiter)
+        .copied()
+        .unwrap_or(CLASS_UNKNOWN)
 }
 
 // ---- aggregation per thread slot
@@ -841,15 +839,10 @@ fn add(c: &mut WfCounts, h: u32, slot: u32, value: u64) {
     hist(slot, h, value);
 }
 
-/// One more event of slot `slot` on `cpu` as `kind` (`CPU_*`).
 #[inline(always)]
-fn bump(slot: u32, kind: u32, cpu: u32) {
-    let ncpus = config(&WF_CONFIG).ncpus;
-    if cpu >= ncpus {
-        return;
-    }
-    if let Some(p) = WF_CPU_EVENTS.get_ptr_mut(cpu_event_index(slot, kind, cpu, ncpus)) {
-        crate::add_one(p);
+fn bump(a: &mut [u64; WF_CPUS as usize], cpu: u32) {
+    if let Some(v) = a.get_mut(cpu as usize) {
+        *v += 1;
     }
 }
 
@@ -896,9 +889,9 @@ fn record(slot: u32, s: &WfSample, (awake_runnable, awake_on, short): (u64, u64,
     if let Some(v) = c.classes.get_mut(s.class as usize) {
         *v += 1;
     }
-    bump(slot, CPU_HANDLER, s.cpu_handler);
-    bump(slot, CPU_WAITER, s.cpu_on);
-    bump(slot, CPU_READ, s.cpu_read);
+    bump(&mut c.handler_cpu, s.cpu_handler);
+    bump(&mut c.waiter_cpu, s.cpu_on);
+    bump(&mut c.read_cpu, s.cpu_read);
     sample(c, s);
 }
 

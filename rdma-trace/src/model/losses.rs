@@ -250,7 +250,6 @@ mod tests {
             tgid: tid,
             comm: format!("t{tid}"),
             counts: c,
-            cpus: Default::default(),
             hists: Vec::new(),
         }
     }

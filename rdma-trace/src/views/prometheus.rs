@@ -687,7 +687,6 @@ mod tests {
                     tgid: 7,
                     comm: "demo".into(),
                     counts,
-                    cpus: Default::default(),
                     hists,
                 },
             )]

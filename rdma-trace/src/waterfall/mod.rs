@@ -20,8 +20,8 @@ use aya::{
     programs::{KProbe, Program, ProgramError, RawTracePoint, TracePoint},
 };
 use rdma_trace_common::waterfall::{
-    WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfCpuTopo, WfCq, WfHist, WfQueue, WfReading,
-    WfSample, WfThread, WfWake, cpu_events_len, cpu_events_of_slot,
+    CLASS_UNKNOWN, WF_CPUS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfCq, WfHist, WfQueue,
+    WfReading, WfSample, WfThread, WfWake,
 };
 
 pub use self::model::{Snapshot, WaterfallReport};
@@ -198,8 +198,6 @@ pub struct Waterfall {
     stalls: RefCell<BTreeMap<(u32, u64), stall::Stall>>,
     /// Threads that exited, banked when their slots were freed.
     retired: RefCell<Retired>,
-    /// The CPUs the per-CPU event counts cover (the machine's possible CPUs).
-    ncpus: u32,
 }
 
 /// At most this many exited threads are kept one by one (about 20 KiB each, copied into
@@ -277,11 +275,8 @@ impl Waterfall {
             buf_producer,
             buf_consumer,
             task_state: off.task_state,
-            ncpus: 0,
         };
         let ncpu = aya::util::nr_cpus().map_err(|(_, e)| anyhow!("counting CPUs: {e}"))?;
-        let ncpus = u32::try_from(ncpu).context("counting CPUs: too many")?;
-        let cfg = WfConfig { ncpus, ..cfg };
         let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)
             .max(if timeline > 0 { TIMELINE_RING_BYTES } else { 0 })
             .next_power_of_two()
@@ -289,19 +284,22 @@ impl Waterfall {
         let mut ebpf = crate::bpf::loader::load_object("the eBPF object for the waterfall", |l| {
             l.override_global("WF_CONFIG", &cfg, true)
                 .map_max_entries("WF_SAMPLES", ring)
-                .map_max_entries("WF_CPU_TOPO", ncpus)
-                .map_max_entries("WF_CPU_EVENTS", cpu_events_len(ncpus))
         })?;
         let topology = Topology::read(root);
         {
-            let mut places: Array<&mut MapData, WfCpuTopo> = Array::try_from(
-                ebpf.map_mut("WF_CPU_TOPO")
-                    .context("map WF_CPU_TOPO is not in the eBPF object")?,
+            let mut classes: Array<&mut MapData, u32> = Array::try_from(
+                ebpf.map_mut("WF_CLASS")
+                    .context("map WF_CLASS is not in the eBPF object")?,
             )?;
-            for (cpu, place) in topology.cpu_topo().range(..ncpus) {
-                places
-                    .set(*cpu, place, 0)
-                    .map_err(|e| anyhow!("filling WF_CPU_TOPO: {}", chain(&e)))?;
+            for a in 0..WF_CPUS {
+                for b in 0..WF_CPUS {
+                    let c = topology.class(a, b);
+                    if c != CLASS_UNKNOWN {
+                        classes
+                            .set(a * WF_CPUS + b, c, 0)
+                            .map_err(|e| anyhow!("filling WF_CLASS: {}", chain(&e)))?;
+                    }
+                }
             }
         }
         let samples = if sample > 0 || timeline > 0 {
@@ -322,7 +320,6 @@ impl Waterfall {
             stall_after,
             stalls: RefCell::new(BTreeMap::new()),
             retired: RefCell::new(Retired::default()),
-            ncpus,
         };
         // Consumers before producers: a read seen without its handler only counts unmatched.
         let required: [(&'static str, &str, bool); 7] = [
@@ -492,7 +489,7 @@ impl Waterfall {
         };
         let mut snap = Snapshot::default();
         let mut retired = self.retired.borrow_mut();
-        for (slot, info, per_cpu, hists, cpu_events) in raw {
+        for (slot, info, per_cpu, hists) in raw {
             let mut sum = model::Counts::default();
             for c in &per_cpu {
                 sum.add(c);
@@ -514,7 +511,6 @@ impl Waterfall {
                 tgid: info.tgid,
                 comm: comm(&info.comm),
                 counts: sum,
-                cpus: model::CpuCounts::from_entries(&cpu_events, self.ncpus as usize),
                 hists: hs,
             };
             if retired.takes(slot, &info) {
@@ -535,7 +531,7 @@ impl Waterfall {
     }
 
     /// Clears thread slot `slot` (its counters and histograms on each of `cpus` CPUs, its
-    /// events per CPU, its owner's ids) and frees it for the next thread.
+    /// owner's ids) and frees it for the next thread.
     fn free_slot(&self, slot: u32, cpus: usize) -> Result<()> {
         let mut counts: PerCpuArray<MapData, WfCounts> =
             PerCpuArray::try_from(self.map_copy("WF_COUNTS")?)?;
@@ -552,10 +548,6 @@ impl Waterfall {
         }
         let mut threads: Array<MapData, WfThread> = Array::try_from(self.map_copy("WF_THREAD")?)?;
         threads.set(slot, WfThread::NONE, 0)?;
-        let mut cpu_events: Array<MapData, u64> = Array::try_from(self.map_copy("WF_CPU_EVENTS")?)?;
-        for i in cpu_events_of_slot(slot, self.ncpus) {
-            cpu_events.set(i, 0, 0)?;
-        }
         let mut owners: BpfHashMap<MapData, u32, u32> =
             BpfHashMap::try_from(self.map_copy("WF_SLOT_OWNER")?)?;
         owners.remove(&slot)?;
@@ -577,8 +569,7 @@ impl Waterfall {
         })
     }
 
-    /// Slots in use: (slot, owner, per-CPU counters, per-CPU values of each histogram, events
-    /// per CPU).
+    /// Slots in use: (slot, owner, per-CPU counters, per-CPU values of each histogram).
     fn read_batched(&self) -> Option<Vec<RawSlot>> {
         use std::os::fd::{AsFd as _, AsRawFd as _};
         let fd = |name: &str| -> Option<i32> {
@@ -590,11 +581,10 @@ impl Waterfall {
             }
         };
         let (threads, counts, hists) = (fd("WF_THREAD")?, fd("WF_COUNTS")?, fd("WF_HIST")?);
-        let cpu_events = fd("WF_CPU_EVENTS")?;
         let cpus = crate::bpf::batch::possible_cpus()?;
         // The owners first (a few hundred bytes): a slot's owner is written before anything is
         // counted in it, so only owned slots (and the shared last one) are read further. The
-        // counters of all slots would be 0.3 KiB per slot and CPU at every refresh.
+        // counters of all slots would be 1.7 KiB per slot and CPU at every refresh.
         let owners: Vec<WfThread> = crate::bpf::batch::lookup_range(threads, 0, WF_THREADS, 1)?;
         let mut out = Vec::new();
         for (slot, info) in (0..WF_THREADS).zip(owners) {
@@ -607,15 +597,11 @@ impl Waterfall {
             }
             let hs: Vec<WfHist> =
                 crate::bpf::batch::lookup_range(hists, slot * WF_NHIST, WF_NHIST, cpus)?;
-            let range = cpu_events_of_slot(slot, self.ncpus);
-            let per_cpu_events: Vec<u64> =
-                crate::bpf::batch::lookup_range(cpu_events, range.start, range.len() as u32, 1)?;
             out.push((
                 slot,
                 info,
                 per_cpu,
                 hs.chunks_exact(cpus).map(<[WfHist]>::to_vec).collect(),
-                per_cpu_events,
             ));
         }
         Some(out)
@@ -638,11 +624,6 @@ impl Waterfall {
                 .map("WF_HIST")
                 .context("map WF_HIST is not in the eBPF object")?,
         )?;
-        let cpu_events: Array<&MapData, u64> = Array::try_from(
-            self.ebpf
-                .map("WF_CPU_EVENTS")
-                .context("map WF_CPU_EVENTS is not in the eBPF object")?,
-        )?;
         let mut out = Vec::new();
         for slot in 0..WF_THREADS {
             let per_cpu: Vec<WfCounts> = counts
@@ -664,11 +645,7 @@ impl Waterfall {
                     .map_err(|e| anyhow!("reading WF_HIST: {}", chain(&e)))?;
                 hs.push(per_cpu.iter().copied().collect());
             }
-            let events = cpu_events_of_slot(slot, self.ncpus)
-                .map(|i| cpu_events.get(&i, 0))
-                .collect::<Result<Vec<u64>, _>>()
-                .map_err(|e| anyhow!("reading WF_CPU_EVENTS: {}", chain(&e)))?;
-            out.push((slot, info, per_cpu, hs, events));
+            out.push((slot, info, per_cpu, hs));
         }
         Ok(out)
     }
@@ -819,7 +796,7 @@ fn unused(per_cpu: &[WfCounts]) -> bool {
 
 /// One thread slot as read from the maps: (slot, owner, per-CPU counters, per-CPU values of
 /// each histogram).
-type RawSlot = (u32, WfThread, Vec<WfCounts>, Vec<Vec<WfHist>>, Vec<u64>);
+type RawSlot = (u32, WfThread, Vec<WfCounts>, Vec<Vec<WfHist>>);
 
 /// IRQ numbers of mlx5's completion vectors: the IRQs the probe table's mlx5 IRQ rows match.
 pub fn mlx5_completion_irqs(interrupts: &[(u32, String)]) -> Vec<u32> {
@@ -1023,7 +1000,6 @@ mod tests {
                 tgid: tid,
                 comm: format!("t{tid}"),
                 counts,
-                cpus: Default::default(),
                 hists: vec![Histogram::default(); WF_NHIST as usize],
             }
         };

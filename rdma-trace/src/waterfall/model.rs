@@ -4,10 +4,9 @@
 use std::collections::BTreeMap;
 
 use rdma_trace_common::waterfall::{
-    CPU_HANDLER, CPU_READ, CPU_WAITER, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE,
-    L_CLAMPED, NR_CLASSES, NR_CPU_KINDS, W_AWAKE, W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM,
-    W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM,
-    W_UNMATCHED, W_WOKEN, WF_NHIST, WfCounts,
+    H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED, NR_CLASSES, W_AWAKE,
+    W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM, W_DROPPED,
+    W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_NHIST, WfCounts,
 };
 use serde::Serialize;
 
@@ -18,53 +17,6 @@ use crate::bpf::hist::{Bucket, Histogram, human_ns_f};
 /// (see [`WfCounts::add`]).
 pub type Counts = WfCounts;
 
-/// One thread slot's events per CPU, by kind (`CPU_*`: the handler's CPU, the waiter's, the
-/// read's), each indexed by CPU: its entries of `WF_CPU_EVENTS`.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct CpuCounts(pub [Vec<u64>; NR_CPU_KINDS as usize]);
-
-impl CpuCounts {
-    /// From a slot's entries of `WF_CPU_EVENTS` (`cpu_events_of_slot`, kind by kind).
-    pub fn from_entries(entries: &[u64], ncpus: usize) -> CpuCounts {
-        let mut c = CpuCounts::default();
-        if ncpus > 0 {
-            for (kind, run) in c.0.iter_mut().zip(entries.chunks(ncpus)) {
-                *kind = run.to_vec();
-            }
-        }
-        c
-    }
-
-    fn each_with(&mut self, o: &CpuCounts, f: impl Fn(&mut u64, u64)) {
-        for (a, b) in self.0.iter_mut().zip(&o.0) {
-            if a.len() < b.len() {
-                a.resize(b.len(), 0);
-            }
-            for (x, y) in a.iter_mut().zip(b) {
-                f(x, *y);
-            }
-        }
-    }
-
-    pub fn add(&mut self, o: &CpuCounts) {
-        self.each_with(o, |x, y| *x += y);
-    }
-
-    pub fn subtract(&mut self, o: &CpuCounts) {
-        self.each_with(o, |x, y| *x = x.saturating_sub(y));
-    }
-
-    /// The CPUs with events of `kind`, and their counts.
-    pub fn of(&self, kind: u32) -> BTreeMap<u32, u64> {
-        self.0[kind as usize]
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| **c != 0)
-            .map(|(i, c)| (i as u32, *c))
-            .collect()
-    }
-}
-
 /// One thread slot.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ThreadData {
@@ -73,7 +25,6 @@ pub struct ThreadData {
     pub tgid: u32,
     pub comm: String,
     pub counts: Counts,
-    pub cpus: CpuCounts,
     /// `WF_NHIST` histograms (see `rdma_trace_common::waterfall::H_*`).
     pub hists: Vec<Histogram>,
 }
@@ -81,7 +32,6 @@ pub struct ThreadData {
 impl ThreadData {
     fn merge(&mut self, o: &ThreadData) {
         self.counts.add(&o.counts);
-        self.cpus.add(&o.cpus);
         for (a, b) in self.hists.iter_mut().zip(&o.hists) {
             *a = a.add(b);
         }
@@ -101,13 +51,12 @@ impl Snapshot {
         for (slot, t) in &self.threads {
             let before = before.threads.get(slot);
             // Nothing new (an exited thread's banked data, an idle reader): no copy.
-            if before.is_some_and(|b| b.counts == t.counts && b.cpus == t.cpus) {
+            if before.is_some_and(|b| b.counts == t.counts) {
                 continue;
             }
             let mut d = t.clone();
             if let Some(b) = before {
                 d.counts.subtract(&b.counts);
-                d.cpus.subtract(&b.cpus);
                 d.hists = t
                     .hists
                     .iter()
@@ -222,6 +171,14 @@ pub struct Waterfall {
     pub read_cpus: BTreeMap<u32, u64>,
 }
 
+fn cpus(a: &[u64]) -> BTreeMap<u32, u64> {
+    a.iter()
+        .enumerate()
+        .filter(|(_, c)| **c != 0)
+        .map(|(i, c)| (i as u32, *c))
+        .collect()
+}
+
 fn ratio(a: f64, b: u64) -> Option<f64> {
     (b != 0).then(|| a / b as f64)
 }
@@ -287,9 +244,9 @@ impl Waterfall {
             stages_per_event_ns: ratio(partition as f64, events),
             total_mean_ns: ratio(total_sum as f64, events),
             placement,
-            handler_cpus: t.cpus.of(CPU_HANDLER),
-            waiter_cpus: t.cpus.of(CPU_WAITER),
-            read_cpus: t.cpus.of(CPU_READ),
+            handler_cpus: cpus(&c.handler_cpu),
+            waiter_cpus: cpus(&c.waiter_cpu),
+            read_cpus: cpus(&c.read_cpu),
         }
     }
 
@@ -338,7 +295,6 @@ impl WaterfallReport {
             let e = by_pid.entry(t.tgid).or_insert_with(|| {
                 let mut z = t.clone();
                 z.counts = Counts::default();
-                z.cpus = CpuCounts::default();
                 z.hists = vec![Histogram::default(); WF_NHIST as usize];
                 (z, Vec::new())
             });
@@ -617,7 +573,6 @@ mod tests {
     /// A thread with woken events (wake, runq, read) and awake ones.
     fn thread(tid: u32, tgid: u32, woken: &[(u64, u64, u64)], awake: &[u64]) -> ThreadData {
         let mut c = Counts::default();
-        let mut cpus = CpuCounts(std::array::from_fn(|_| vec![0; 2]));
         let mut hs = vec![Histogram::default(); WF_NHIST as usize];
         let mut vals: Vec<Vec<u64>> = vec![Vec::new(); WF_NHIST as usize];
         for &(a, b, d) in woken {
@@ -627,13 +582,13 @@ mod tests {
             vals[H_TOTAL as usize].push(a + b + d);
             vals[(H_CLASS + 4) as usize].push(b);
             c.classes[4] += 1;
-            cpus.0[CPU_WAITER as usize][1] += 1;
+            c.waiter_cpu[1] += 1;
         }
         for &v in awake {
             vals[H_AWAKE as usize].push(v);
             vals[H_TOTAL as usize].push(v);
             c.classes[0] += 1;
-            cpus.0[CPU_WAITER as usize][0] += 1;
+            c.waiter_cpu[0] += 1;
         }
         for (h, v) in vals.iter().enumerate() {
             hs[h] = hist(v);
@@ -650,44 +605,8 @@ mod tests {
             tgid,
             comm: format!("t{tid}"),
             counts: c,
-            cpus,
             hists: hs,
         }
-    }
-
-    /// Counts written where the eBPF side writes them (`cpu_event_index`) on a 256-CPU
-    /// machine come back, through a slot's entries as the loader reads them, on the CPU and
-    /// of the kind they were written for, and nothing of a neighbouring slot.
-    #[test]
-    fn per_cpu_events_of_256_cpus_come_back_on_their_cpu() {
-        use rdma_trace_common::waterfall::{cpu_event_index, cpu_events_len, cpu_events_of_slot};
-        let n = 256;
-        let mut map = vec![0u64; cpu_events_len(n) as usize];
-        let mut put = |slot, kind, cpu, v| map[cpu_event_index(slot, kind, cpu, n) as usize] += v;
-        put(5, CPU_WAITER, 200, 3);
-        put(5, CPU_HANDLER, 255, 1);
-        put(5, CPU_READ, 0, 2);
-        put(4, CPU_READ, 255, 9);
-        put(6, CPU_HANDLER, 0, 7);
-        put(WF_THREADS - 1, CPU_READ, 255, 4);
-        let slot = |s| {
-            let r = cpu_events_of_slot(s, n);
-            CpuCounts::from_entries(&map[r.start as usize..r.end as usize], n as usize)
-        };
-        let five = slot(5);
-        assert_eq!(five.of(CPU_WAITER), BTreeMap::from([(200, 3)]));
-        assert_eq!(five.of(CPU_HANDLER), BTreeMap::from([(255, 1)]));
-        assert_eq!(five.of(CPU_READ), BTreeMap::from([(0, 2)]));
-        assert_eq!(
-            slot(WF_THREADS - 1).of(CPU_READ),
-            BTreeMap::from([(255, 4)])
-        );
-        // Through a window: only what came after `before`.
-        let mut later = five.clone();
-        later.0[CPU_WAITER as usize][200] += 2;
-        later.subtract(&five);
-        assert_eq!(later.of(CPU_WAITER), BTreeMap::from([(200, 2)]));
-        assert!(later.of(CPU_HANDLER).is_empty());
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::{
     path::Path,
 };
 
-use rdma_trace_common::waterfall::WfCpuTopo;
+use rdma_trace_common::waterfall::{
+    CLASS_LLC, CLASS_NODE, CLASS_OTHER_NODE, CLASS_SAME_CPU, CLASS_SMT, CLASS_UNKNOWN,
+};
 
 /// Names of the classes, by class number.
 pub const CLASS_NAMES: [&str; 6] = [
@@ -133,51 +135,31 @@ impl Topology {
         self.cpus.keys().copied()
     }
 
-    /// Each CPU's place as the eBPF side reads it (`WF_CPU_TOPO`), by CPU: two CPUs share a
-    /// core or an LLC when both list the same set of CPUs for it (an unreadable LLC is shared
-    /// with no one).
-    pub fn cpu_topo(&self) -> BTreeMap<u32, WfCpuTopo> {
-        let mut ids: BTreeMap<(u8, BTreeSet<u32>), u32> = BTreeMap::new();
-        let mut id = |kind: u8, set: &BTreeSet<u32>, cpu: u32| -> u32 {
-            if set.is_empty() {
-                // Ids of known sets count up from 0; a CPU's own is far above them.
-                return u32::MAX - 1 - cpu;
-            }
-            let next = ids.len() as u32;
-            *ids.entry((kind, set.clone())).or_insert(next)
-        };
-        self.cpus
-            .iter()
-            .map(|(&cpu, info)| {
-                (
-                    cpu,
-                    WfCpuTopo {
-                        known: 1,
-                        core: id(0, &info.siblings, cpu),
-                        llc: id(1, &info.llc, cpu),
-                        node: info.node.unwrap_or(WfCpuTopo::NO_NODE),
-                    },
-                )
-            })
-            .collect()
-    }
-
-    /// Placement class of a completion handled on CPU `a` for a waiter on CPU `b`, as the eBPF
-    /// side finds it.
-    #[cfg(test)]
+    /// Placement class of a completion handled on CPU `a` for a waiter on CPU `b`.
     pub fn class(&self, a: u32, b: u32) -> u32 {
-        let topo = self.cpu_topo();
-        let at = |c| topo.get(&c).copied().unwrap_or(WfCpuTopo::UNKNOWN);
-        WfCpuTopo::class(a, &at(a), b, &at(b))
+        let (Some(x), Some(y)) = (self.cpus.get(&a), self.cpus.get(&b)) else {
+            return CLASS_UNKNOWN;
+        };
+        if a == b {
+            CLASS_SAME_CPU
+        } else if x.siblings.contains(&b) {
+            CLASS_SMT
+        } else if x.llc.contains(&b) {
+            CLASS_LLC
+        } else {
+            match (x.node, y.node) {
+                (Some(m), Some(n)) if m == n => CLASS_NODE,
+                (Some(_), Some(_)) => CLASS_OTHER_NODE,
+                // No NUMA information: one node.
+                _ => CLASS_NODE,
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdma_trace_common::waterfall::{
-        CLASS_LLC, CLASS_NODE, CLASS_OTHER_NODE, CLASS_SAME_CPU, CLASS_SMT, CLASS_UNKNOWN,
-    };
 
     /// A directory removed when dropped.
     struct TempDir(std::path::PathBuf);
@@ -287,70 +269,5 @@ mod tests {
         let empty = TempDir::new();
         let t = Topology::read(empty.path());
         assert_eq!(t.class(0, 0), CLASS_UNKNOWN);
-    }
-
-    /// 256 CPUs, numbered as Linux does on a two-socket machine: 128 cores (CPU n and
-    /// n + 128 are one core's two threads), 16 cores per LLC, 64 per node.
-    fn big_fixture() -> TempDir {
-        let dir = TempDir::new();
-        let r = dir.path();
-        for cpu in 0..256u32 {
-            let core = cpu % 128;
-            let llc = core / 16 * 16;
-            let base = format!("sys/devices/system/cpu/cpu{cpu}");
-            write(
-                r,
-                &format!("{base}/topology/core_cpus_list"),
-                &format!("{core},{}\n", core + 128),
-            );
-            write(r, &format!("{base}/cache/index3/level"), "3\n");
-            write(r, &format!("{base}/cache/index3/type"), "Unified\n");
-            write(
-                r,
-                &format!("{base}/cache/index3/shared_cpu_list"),
-                &format!("{llc}-{},{}-{}\n", llc + 15, llc + 128, llc + 143),
-            );
-        }
-        write(r, "sys/devices/system/node/node0/cpulist", "0-63,128-191\n");
-        write(
-            r,
-            "sys/devices/system/node/node1/cpulist",
-            "64-127,192-255\n",
-        );
-        dir
-    }
-
-    /// Every pair of 256 CPUs gets the class that the fixture's numbering implies, as the
-    /// eBPF side computes it from the table the loader fills (`WF_CPU_TOPO`): no CPU is beyond
-    /// the table, none is unknown.
-    #[test]
-    fn every_pair_of_256_cpus_is_placed_as_the_numbering_says() {
-        let dir = big_fixture();
-        let topo = Topology::read(dir.path()).cpu_topo();
-        assert_eq!(topo.len(), 256);
-        let expected = |a: u32, b: u32| {
-            let (ca, cb) = (a % 128, b % 128);
-            if a == b {
-                CLASS_SAME_CPU
-            } else if ca == cb {
-                CLASS_SMT
-            } else if ca / 16 == cb / 16 {
-                CLASS_LLC
-            } else if ca / 64 == cb / 64 {
-                CLASS_NODE
-            } else {
-                CLASS_OTHER_NODE
-            }
-        };
-        let mut seen = [0u32; 6];
-        for a in 0..256 {
-            for b in 0..256 {
-                let got = WfCpuTopo::class(a, &topo[&a], b, &topo[&b]);
-                assert_eq!(got, expected(a, b), "CPUs {a} and {b}");
-                seen[got as usize] += 1;
-            }
-        }
-        // Each class occurs as often as the numbering says.
-        assert_eq!(seen, [256, 256, 256 * 30, 256 * 96, 256 * 128, 0]);
     }
 }
