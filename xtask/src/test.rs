@@ -146,8 +146,24 @@ pub fn run(args: &Args) -> Result<()> {
                 skip(&mut steps, &name, "the guest build failed");
                 continue;
             }
+            let name = match kernel_suite(kernel) {
+                Suite::Every => name,
+                Suite::Part(modules) => format!("{name} ({})", modules.join(" ")),
+            };
             test_step(&mut steps, &name, || {
-                guest_tests(kernel, &executables, "test")
+                let selected = executables
+                    .iter()
+                    .zip(&guest)
+                    .map(|(exe, (package, _))| {
+                        Ok(match kernel_suite(kernel) {
+                            Suite::Part(modules) if package == "rdma-trace" => {
+                                select_tests(exe, modules)?
+                            }
+                            _ => Vec::new(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                guest_tests_of(kernel, &executables, &selected, "test")
             });
             let trace = guest
                 .iter()
@@ -224,10 +240,80 @@ fn step(steps: &mut Vec<Step>, name: &str, f: impl FnOnce() -> Result<Vec<String
     });
 }
 
-/// The kernels that get the full guest suites (and the `--enforce` boot); the others get the
-/// smoke suite (`rdma-trace/tests/smoke.rs`), which keeps `cargo xtask test` within its time.
+/// The kernels that get the guest suites (and the `--enforce` boot); the others get the smoke
+/// suite (`rdma-trace/tests/smoke.rs`), which keeps `cargo xtask test` within its time.
 fn full_suite(kernel: vm::Kernel) -> bool {
     matches!(kernel, vm::Kernel::V6_1 | vm::Kernel::V6_12)
+}
+
+/// What of `rdma-trace`'s guest suite a kernel runs.
+enum Suite {
+    /// Every test.
+    Every,
+    /// The tests of these modules (and top-level tests of these names) only.
+    Part(&'static [&'static str]),
+}
+
+/// 6.1 runs every guest test. 6.12 runs the tests whose truth depends on the kernel: the
+/// waterfall (BTF offsets, `sched_switch`'s task state, rxe's workqueue), its ground truth and
+/// user-space stamps, the stall doctor, NVMe over RDMA and the drivers' own modules, with one
+/// plain run in both modes. The rest (CLI behaviour, cleanup, privileges, `run -- CMD`) is the
+/// same code on either kernel; running it twice took CI past 70 minutes.
+fn kernel_suite(kernel: vm::Kernel) -> Suite {
+    match kernel {
+        vm::Kernel::V6_12 => Suite::Part(&[
+            "ground_truth",
+            "stamps",
+            "waterfall",
+            "stall",
+            "nvme",
+            "guest_drivers",
+            "run_both_modes_between_rxe0_and_rxe1",
+        ]),
+        _ => Suite::Every,
+    }
+}
+
+/// The tests of `exe` (its `--list`) that `modules` select: every test of a module named
+/// there, and a top-level test of that name. Fails when a name selects nothing (a renamed
+/// module must not drop its tests silently).
+fn select_tests(exe: &std::path::Path, modules: &[&str]) -> Result<Vec<String>> {
+    let out = Command::new(exe)
+        .args(["--list", "--format", "terse"])
+        .output()
+        .with_context(|| format!("listing the tests of {}", exe.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} --list failed: {}",
+            exe.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    select_from_list(&String::from_utf8_lossy(&out.stdout), modules)
+}
+
+fn select_from_list(list: &str, modules: &[&str]) -> Result<Vec<String>> {
+    let tests: Vec<&str> = list
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .collect();
+    let mut selected = Vec::new();
+    for m in modules {
+        let prefix = format!("{m}::");
+        let before = selected.len();
+        selected.extend(
+            tests
+                .iter()
+                .filter(|t| **t == *m || t.starts_with(&prefix))
+                .map(|t| (*t).to_owned()),
+        );
+        if selected.len() == before {
+            bail!(
+                "no guest test is named {m} or in a module {m}: xtask/src/test.rs's kernel_suite names it"
+            );
+        }
+    }
+    Ok(selected)
 }
 
 /// Every guest kernel, with why it is left out when `--kernel` did not select it (an empty
@@ -493,6 +579,18 @@ const MAX_BOOTS: u32 = 5;
 /// live kernel-text patching has crashed the guest kernel in rare runs) is followed by one that
 /// resumes where it stopped; the summary names every panic with its oops.
 fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf], label: &str) -> Result<Vec<String>> {
+    let every = vec![Vec::new(); executables.len()];
+    guest_tests_of(kernel, executables, &every, label)
+}
+
+/// [`guest_tests`], each executable running only the tests named in `selected` (by exact
+/// name; none named: all of them).
+fn guest_tests_of(
+    kernel: vm::Kernel,
+    executables: &[PathBuf],
+    selected: &[Vec<String>],
+    label: &str,
+) -> Result<Vec<String>> {
     let results = target_dir()
         .join("vm-results")
         .join(format!("{label}-{}", kernel.name()));
@@ -521,10 +619,11 @@ fn guest_tests(kernel: vm::Kernel, executables: &[PathBuf], label: &str) -> Resu
         for &i in &pending {
             let quote = |p: PathBuf| vm::shell_quote(&p.to_string_lossy());
             script.push_str(&format!(
-                "suite {} {} {}{}\n",
+                "suite {} {} {}{}{}\n",
                 vm::shell_quote(&executables[i].to_string_lossy()),
                 quote(log_path(i, "")),
                 quote(log_path(i, ".rerun")),
+                name_args(&selected[i]),
                 skip_args(&passed_before[i]),
             ));
         }
@@ -756,6 +855,14 @@ case " $* " in
 esac
 "#;
 
+/// The tests to run, by exact name (the runner adds `--exact`); none: all.
+fn name_args(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|t| format!(" {}", vm::shell_quote(t)))
+        .collect()
+}
+
 /// `--skip NAME` for each test that already passed (the runner adds `--exact`).
 fn skip_args(passed: &[String]) -> String {
     passed
@@ -967,7 +1074,7 @@ run_logged() { # log exe args...
   kill $w 2> /dev/null; sleep 1.5; kill $t; wait $t $w 2> /dev/null
   return $st
 }
-suite() { # exe log rerun-log [--skip TEST]... (tests an earlier boot passed)
+suite() { # exe log rerun-log [TEST]... (the tests to run; none: all) [--skip TEST]... (tests an earlier boot passed)
   s_exe=$1; s_log=$2; s_rerun=$3; shift 3
   echo "== $s_exe"
   run_logged "$s_log" "$s_exe" ${1:+--exact} "$@" && return
@@ -1121,8 +1228,10 @@ mod tests {
         std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
         let script = format!(
-            "{GUEST_RUNNER}suite {e} {d}/0.log {d}/0.rerun.log\nsuite {e} {d}/1.log {d}/1.rerun.log{}\nexit $rc\n",
+            "{GUEST_RUNNER}suite {e} {d}/0.log {d}/0.rerun.log\nsuite {e} {d}/1.log {d}/1.rerun.log{}\nsuite {e} {d}/2.log {d}/2.rerun.log{}{}\nexit $rc\n",
             skip_args(&["m::a".to_owned(), "m::b".to_owned()]),
+            name_args(&["m::a".to_owned(), "m::c".to_owned()]),
+            skip_args(&["m::a".to_owned()]),
             e = exe.display(),
             d = dir.display(),
         );
@@ -1139,8 +1248,36 @@ mod tests {
         assert!(status.success(), "{status:?}");
         assert_eq!(
             got,
-            "--test-threads=1\n--exact --skip m::a --skip m::b --test-threads=1\n"
+            "--test-threads=1\n--exact --skip m::a --skip m::b --test-threads=1\n--exact m::a m::c --skip m::a --test-threads=1\n"
         );
+    }
+
+    /// A kernel's part of the suite: each module's tests and a top-level test by its name, not
+    /// a test whose name only starts with it; a name that selects nothing is an error.
+    #[test]
+    fn a_partial_suite_selects_whole_modules_and_named_tests() {
+        let list = "stall::a: test\nstall::b: test\nstalled_run: test\nnvme::c: test\nrun_x: test\nrun_x_too: test\nbench: benchmark\n";
+        assert_eq!(
+            select_from_list(list, &["stall", "run_x"]).unwrap(),
+            ["stall::a", "stall::b", "run_x"]
+        );
+        let e = select_from_list(list, &["stall", "gone"]).unwrap_err();
+        assert!(e.to_string().contains("gone"), "{e}");
+        // Every name the 6.12 part gives is a module or test of the real suite.
+        let Suite::Part(modules) = kernel_suite(vm::Kernel::V6_12) else {
+            panic!("6.12 runs a part of the suite");
+        };
+        let sources = ["../rdma-trace/tests/guest.rs"];
+        let text: String = sources
+            .iter()
+            .map(|p| std::fs::read_to_string(p).unwrap())
+            .collect();
+        for m in modules {
+            assert!(
+                text.contains(&format!("mod {m};")) || text.contains(&format!("fn {m}()")),
+                "{m} is neither a module nor a test of rdma-trace/tests/guest.rs"
+            );
+        }
     }
 
     #[test]
