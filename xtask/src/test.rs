@@ -3,7 +3,7 @@
 //! Layers: `cargo fmt --check`; the eBPF object; clippy `-D warnings` on all targets, including
 //! the `host` and `guest` test targets; unit and CLI tests (`cargo test`); host eBPF tests (the
 //! `host` targets; root); guest tests (the `guest` targets) inside the QEMU test bed on Debian
-//! 6.1 and 6.12, and on each the `--enforce` test in a boot of its own with one TCG thread
+//! 6.1 (all) and 6.12 (the part [`kernel_suite`] names), and on each the `--enforce` test in a boot of its own with one TCG thread
 //! ([`ENFORCE_TEST`]); the main job (`cargo xtask run`) driven in tmux: live view up, `q` quits.
 //! A layer is skipped only when a flag asks for it, and the summary says so. A layer of tests
 //! that ran no test fails; the summary gives the number of tests each one ran.
