@@ -3,10 +3,11 @@
 //! Layers: `cargo fmt --check`; the eBPF object; clippy `-D warnings` on all targets, including
 //! the `host` and `guest` test targets; unit and CLI tests (`cargo test`); host eBPF tests (the
 //! `host` targets; root); guest tests (the `guest` targets) inside the QEMU test bed on Debian
-//! 6.1 (all) and 6.12 (the part [`kernel_suite`] names), and on each the `--enforce` test in a boot of its own with one TCG thread
-//! ([`ENFORCE_TEST`]); the main job (`cargo xtask run`) driven in tmux: live view up, `q` quits.
-//! A layer is skipped only when a flag asks for it, and the summary says so. A layer of tests
-//! that ran no test fails; the summary gives the number of tests each one ran.
+//! 6.1 (all) and 6.12 (the part [`kernel_suite`] names), and on each the `--enforce` test in a
+//! boot of its own with one TCG thread ([`ENFORCE_TEST`]); the main job (`cargo xtask run`)
+//! driven in tmux: live view up, `q` quits. A layer is skipped only when a flag asks for it, and
+//! the summary says so. A layer of tests that ran no test fails; the summary gives the number of
+//! tests each one ran.
 
 use std::{
     io::{BufRead, BufReader},
@@ -146,7 +147,8 @@ pub fn run(args: &Args) -> Result<()> {
                 skip(&mut steps, &name, "the guest build failed");
                 continue;
             }
-            let name = match kernel_suite(kernel) {
+            let suite = kernel_suite(kernel);
+            let name = match suite {
                 Suite::Every => name,
                 Suite::Part(modules) => format!("{name} ({})", modules.join(" ")),
             };
@@ -155,7 +157,7 @@ pub fn run(args: &Args) -> Result<()> {
                     .iter()
                     .zip(&guest)
                     .map(|(exe, (package, _))| {
-                        Ok(match kernel_suite(kernel) {
+                        Ok(match suite {
                             Suite::Part(modules) if package == "rdma-trace" => {
                                 select_tests(exe, modules)?
                             }
@@ -247,6 +249,7 @@ fn full_suite(kernel: vm::Kernel) -> bool {
 }
 
 /// What of `rdma-trace`'s guest suite a kernel runs.
+#[derive(Clone, Copy)]
 enum Suite {
     /// Every test.
     Every,
@@ -1074,7 +1077,9 @@ run_logged() { # log exe args...
   kill $w 2> /dev/null; sleep 1.5; kill $t; wait $t $w 2> /dev/null
   return $st
 }
-suite() { # exe log rerun-log [TEST]... (the tests to run; none: all) [--skip TEST]... (tests an earlier boot passed)
+# exe log rerun-log [TEST]... (the tests to run; none: all)
+#   [--skip TEST]... (tests an earlier boot passed)
+suite() {
   s_exe=$1; s_log=$2; s_rerun=$3; shift 3
   echo "== $s_exe"
   run_logged "$s_log" "$s_exe" ${1:+--exact} "$@" && return
@@ -1267,11 +1272,10 @@ mod tests {
         let Suite::Part(modules) = kernel_suite(vm::Kernel::V6_12) else {
             panic!("6.12 runs a part of the suite");
         };
-        let sources = ["../rdma-trace/tests/guest.rs"];
-        let text: String = sources
-            .iter()
-            .map(|p| std::fs::read_to_string(p).unwrap())
-            .collect();
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../rdma-trace/tests/guest.rs"),
+        )
+        .unwrap();
         for m in modules {
             assert!(
                 text.contains(&format!("mod {m};")) || text.contains(&format!("fn {m}()")),
