@@ -721,6 +721,18 @@ fn guest_tests_of(
             ));
         }
         summaries.extend(outcome.summaries.iter().cloned());
+        if !outcome.slowest.is_empty() {
+            summaries.push(format!(
+                "{} slowest: {}",
+                exe.file_name().unwrap_or_default().to_string_lossy(),
+                outcome
+                    .slowest
+                    .iter()
+                    .map(|(t, secs)| format!("{t} {secs:.0} s"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         if !outcome.passed_again.is_empty() {
             let (known, unknown) = quarantine.split(&outcome.passed_again);
             let line = format!(
@@ -878,10 +890,39 @@ fn skip_args(passed: &[String]) -> String {
 /// `FAILED`).
 fn tests_that<'a>(log: &'a str, result: &'a str) -> impl Iterator<Item = &'a str> {
     log.lines().filter_map(move |l| {
-        l.strip_prefix("test ")?
+        without_time(l)
+            .0
+            .strip_prefix("test ")?
             .strip_suffix(result)?
             .strip_suffix(" ... ")
     })
+}
+
+/// A result line without its time (`--report-time`: `test a ... ok <1.250s>`), and that time.
+fn without_time(line: &str) -> (&str, Option<f64>) {
+    let Some((rest, time)) = line.rsplit_once(" <") else {
+        return (line, None);
+    };
+    match time.strip_suffix("s>").map(str::parse::<f64>) {
+        Some(Ok(secs)) => (rest, Some(secs)),
+        _ => (line, None),
+    }
+}
+
+/// The `n` tests that took longest in `logs` (from their result lines' times), longest first.
+fn slowest(logs: &[&str], n: usize) -> Vec<(String, f64)> {
+    let mut times: Vec<(String, f64)> = logs
+        .iter()
+        .flat_map(|log| log.lines())
+        .filter_map(|l| {
+            let (rest, secs) = without_time(l);
+            let name = rest.strip_prefix("test ")?.split_once(" ... ")?.0;
+            Some((name.to_owned(), secs?))
+        })
+        .collect();
+    times.sort_by(|a, b| b.1.total_cmp(&a.1));
+    times.truncate(n);
+    times
 }
 
 /// Whether a runner ended: its first run passed, or its second run (of the tests that did not
@@ -1073,7 +1114,9 @@ run_logged() { # log exe args...
   # The runner itself runs in the foreground: a command put in the background by a
   # non-interactive shell starts with SIGINT ignored, and so would every rdma-trace it spawns
   # (the signal tests send SIGINT before rdma-trace installs its handlers).
-  "$@" --test-threads=1 > "$log" 2>&1; st=$?
+  # Each test's time on its result line (`ok <12.345s>`): libtest's unstable flag, which a
+  # stable test executable takes when RUSTC_BOOTSTRAP is set.
+  RUSTC_BOOTSTRAP=1 "$@" --test-threads=1 -Z unstable-options --report-time > "$log" 2>&1; st=$?
   kill $w 2> /dev/null; sleep 1.5; kill $t; wait $t $w 2> /dev/null
   return $st
 }
@@ -1090,7 +1133,7 @@ suite() {
     run_logged "$s_rerun" "$s_exe" --exact $again || rc=1
   else
     # Stopped by the watchdog: every test that had not passed.
-    skip=$(sed -n 's/^test \(.*\) \.\.\. ok$/--skip \1/p' "$s_log" | tr '\n' ' ')
+    skip=$(sed -n 's/^test \(.*\) \.\.\. ok\( <[0-9.]*s>\)\{0,1\}$/--skip \1/p' "$s_log" | tr '\n' ' ')
     run_logged "$s_rerun" "$s_exe" --exact "$@" $skip || rc=1
   fi
 }
@@ -1101,6 +1144,8 @@ suite() {
 struct SuiteOutcome {
     summaries: Vec<String>,
     passed_again: Vec<String>,
+    /// The slowest tests with their times (`slowest`), for the summary.
+    slowest: Vec<(String, f64)>,
 }
 
 fn suite_outcome(first: &str, rerun: &str) -> SuiteOutcome {
@@ -1127,6 +1172,7 @@ fn suite_outcome(first: &str, rerun: &str) -> SuiteOutcome {
     SuiteOutcome {
         summaries,
         passed_again,
+        slowest: slowest(&[first, rerun], 5),
     }
 }
 
@@ -1152,6 +1198,23 @@ mod tests {
         assert!(s.contains("tar xzf /w/target/dist/t.tar.gz -C"), "{s}");
         assert!(s.contains("--json /w/out/run.json -- timeout 180 ibv_rc_pingpong -d rxe0"));
         assert_eq!(s.matches("-n 200 -p 18790 -e").count(), 2, "{s}");
+    }
+
+    #[test]
+    fn the_summary_names_the_slowest_tests_from_their_report_times() {
+        let first = "test a ... ok <12.500s>\ntest b ... FAILED <3.000s>\ntest c ... ok <120.250s>\ntest d ... ok\ntest e ... ignored\n";
+        let rerun = "test b ... ok <40.000s>\n";
+        assert_eq!(
+            slowest(&[first, rerun], 3),
+            [
+                ("c".to_owned(), 120.25),
+                ("b".to_owned(), 40.0),
+                ("a".to_owned(), 12.5)
+            ]
+        );
+        assert_eq!(without_time("test x ... ok <s>"), ("test x ... ok <s>", None));
+        assert_eq!(tests_that(first, "ok").collect::<Vec<_>>(), ["a", "c", "d"]);
+        assert!(slowest(&["test a ... ok\n"], 5).is_empty());
     }
 
     #[test]
@@ -1193,7 +1256,8 @@ mod tests {
 
     #[test]
     fn a_resumed_runner_skips_exactly_the_tests_an_earlier_boot_passed() {
-        let log = "test a::one ... ok\ntest a::two ... FAILED\ntest a::three ... ok\ntest a::fo";
+        let log =
+            "test a::one ... ok <1.250s>\ntest a::two ... FAILED <0.5s>\ntest a::three ... ok\ntest a::fo";
         let passed: Vec<String> = tests_that(log, "ok").map(str::to_owned).collect();
         assert_eq!(passed, ["a::one", "a::three"]);
         assert_eq!(tests_that(log, "FAILED").collect::<Vec<_>>(), ["a::two"]);
@@ -1253,7 +1317,7 @@ mod tests {
         assert!(status.success(), "{status:?}");
         assert_eq!(
             got,
-            "--test-threads=1\n--exact --skip m::a --skip m::b --test-threads=1\n--exact m::a m::c --skip m::a --test-threads=1\n"
+            "--test-threads=1 -Z unstable-options --report-time\n--exact --skip m::a --skip m::b --test-threads=1 -Z unstable-options --report-time\n--exact m::a m::c --skip m::a --test-threads=1 -Z unstable-options --report-time\n"
         );
     }
 

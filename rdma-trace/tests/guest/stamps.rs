@@ -7,7 +7,8 @@
 //! per-channel queue mirror; the k-th sample of a thread is held against its k-th read stamp:
 //! - T4 lies between the thread's previous read stamp and this one (so the sample is this
 //!   read's), with the stamp at most [`READ_TO_STAMP_MAX_NS`] after T4, and the median of
-//!   those gaps at most [`READ_TO_STAMP_MEDIAN_MAX_NS`];
+//!   those gaps at most a [`READ_TO_STAMP_MEDIAN_SHARE`] of the thread's median time between
+//!   reads;
 //! - T1 lies after that thread's previous read stamp: the demo re-arms its CQ only after a
 //!   read, and an unarmed CQ calls no handler, so the event read k-th was raised after read
 //!   k − 1 returned;
@@ -30,13 +31,17 @@ use serde_json::Value;
 use super::harness::run_demo;
 
 /// How long after T4 (`ib_uverbs_comp_event_read` returns, in the kretprobe) the demo's stamp
-/// of the same read may come: the median over a thread's events, and the most for one event.
+/// of the same read may come: the most for one event, and the median over a thread's events as
+/// a share of its median time from one read stamp to the next.
 /// Measured in the 6.1 and 6.12 guests under TCG on a loaded 2-core host (200 round trips,
 /// both threads, six runs on each kernel): the median 9-23 µs, the 99th percentile
 /// up to 2.2 ms, the most 49 ms (a vCPU not run between the kretprobe and the clock read). The
-/// median's bound is the small one (over 4 times the largest median seen); the bound for one
-/// event is twice the worst seen.
-const READ_TO_STAMP_MEDIAN_MAX_NS: u64 = 100_000;
+/// bound for one event is twice the worst seen. The median's was a fixed 100 µs until a full
+/// `cargo xtask test` on 6.12 measured 120 µs: the gap is TCG's time to run the return to user
+/// space, and it grows with the host's load, as does the time between reads. A T4 taken
+/// anywhere but at the read's return (its entry, before the reader blocks) would lag by a wait,
+/// a large share of the time between reads; the return lags by a small one.
+const READ_TO_STAMP_MEDIAN_SHARE: f64 = 0.25;
 const READ_TO_STAMP_MAX_NS: u64 = 100_000_000;
 
 fn u(v: &Value) -> u64 {
@@ -153,16 +158,19 @@ fn sampled_events_agree_with_the_demos_own_stamps() {
             checked += 1;
         }
         let [g50, g99, gmax] = quantiles(gaps);
-        assert!(
-            g50 <= READ_TO_STAMP_MEDIAN_MAX_NS,
-            "{role}: the median read stamp comes {g50} ns after T4"
-        );
+        let [i50, ..] = quantiles(reads.windows(2).map(|w| w[1].t - w[0].t).collect());
         let ([r50, ..], [p50, ..]) = (quantiles(after_read.clone()), quantiles(after_post.clone()));
         let (rmin, pmin) = (after_read.iter().min(), after_post.iter().min());
         eprintln!(
             "stamps {role}: {} events; read stamp - T4 p50 {g50} p99 {g99} max {gmax} ns; \
+             between reads p50 {i50} ns; \
              T1 - previous read p50 {r50} min {rmin:?} ns; T1 - causing post p50 {p50} min {pmin:?} ns",
             mine.len()
+        );
+        assert!(
+            g50 as f64 <= READ_TO_STAMP_MEDIAN_SHARE * i50 as f64,
+            "{role}: the median read stamp comes {g50} ns after T4, more than \
+             {READ_TO_STAMP_MEDIAN_SHARE} of the median {i50} ns between reads"
         );
     }
     assert!(checked as u64 >= iters, "{checked} events checked");
