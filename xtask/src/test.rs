@@ -1212,7 +1212,10 @@ mod tests {
                 ("a".to_owned(), 12.5)
             ]
         );
-        assert_eq!(without_time("test x ... ok <s>"), ("test x ... ok <s>", None));
+        assert_eq!(
+            without_time("test x ... ok <s>"),
+            ("test x ... ok <s>", None)
+        );
         assert_eq!(tests_that(first, "ok").collect::<Vec<_>>(), ["a", "c", "d"]);
         assert!(slowest(&["test a ... ok\n"], 5).is_empty());
     }
@@ -1256,8 +1259,7 @@ mod tests {
 
     #[test]
     fn a_resumed_runner_skips_exactly_the_tests_an_earlier_boot_passed() {
-        let log =
-            "test a::one ... ok <1.250s>\ntest a::two ... FAILED <0.5s>\ntest a::three ... ok\ntest a::fo";
+        let log = "test a::one ... ok <1.250s>\ntest a::two ... FAILED <0.5s>\ntest a::three ... ok\ntest a::fo";
         let passed: Vec<String> = tests_that(log, "ok").map(str::to_owned).collect();
         assert_eq!(passed, ["a::one", "a::three"]);
         assert_eq!(tests_that(log, "FAILED").collect::<Vec<_>>(), ["a::two"]);
