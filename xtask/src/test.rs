@@ -889,13 +889,17 @@ fn skip_args(passed: &[String]) -> String {
 /// The tests whose libtest line (`test NAME ... RESULT`) in `log` ends with `result` (`ok`,
 /// `FAILED`).
 fn tests_that<'a>(log: &'a str, result: &'a str) -> impl Iterator<Item = &'a str> {
-    log.lines().filter_map(move |l| {
-        without_time(l)
-            .0
-            .strip_prefix("test ")?
-            .strip_suffix(result)?
-            .strip_suffix(" ... ")
-    })
+    log.lines()
+        .filter_map(result_line)
+        .filter(move |(_, r, _)| *r == result)
+        .map(|(name, _, _)| name)
+}
+
+/// A libtest result line's test, result and time (`--report-time`: `test a ... ok <1.250s>`).
+fn result_line(line: &str) -> Option<(&str, &str, Option<f64>)> {
+    let (rest, secs) = without_time(line);
+    let (name, result) = rest.strip_prefix("test ")?.split_once(" ... ")?;
+    Some((name, result, secs))
 }
 
 /// A result line without its time (`--report-time`: `test a ... ok <1.250s>`), and that time.
@@ -915,8 +919,7 @@ fn slowest(logs: &[&str], n: usize) -> Vec<(String, f64)> {
         .iter()
         .flat_map(|log| log.lines())
         .filter_map(|l| {
-            let (rest, secs) = without_time(l);
-            let name = rest.strip_prefix("test ")?.split_once(" ... ")?.0;
+            let (name, _, secs) = result_line(l)?;
             Some((name.to_owned(), secs?))
         })
         .collect();
