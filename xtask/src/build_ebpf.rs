@@ -95,7 +95,14 @@ fn ebpf_cargo(subcommand: &str, profile: &str) -> Result<Command> {
             TARGET,
         ])
         .args(["-Z", "build-std=core", "--target-dir"])
-        .arg(&ebpf_target);
+        .arg(&ebpf_target)
+        // The workspace's `profile.dev.package."*"` (for the host's debug builds) must not lower
+        // the eBPF dependencies' optimization: the verifier rejects unoptimized BPF.
+        .arg("--config")
+        .arg(format!(
+            "profile.{}.package.\"*\".opt-level=3",
+            if profile == "DEV" { "dev" } else { "release" }
+        ));
     // Settings of the cargo that runs xtask must not leak into this build.
     for var in [
         "RUSTC",
