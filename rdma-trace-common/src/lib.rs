@@ -6,6 +6,7 @@
 //! through read-only globals (`KSLOTS`, `SOFTIRQ_PROBE`, ...), so the programs stay generic.
 #![no_std]
 
+pub mod cma;
 pub mod cq;
 pub mod ibcq;
 

@@ -12,6 +12,8 @@
 //! - NAPI polls: count, and a histogram of packets handled per poll (`napi_poll`);
 //! - the ib_cq API's wake-up delay: a kernel consumer's CQ scheduled (`rdma_core:cq_schedule`
 //!   or `cq_reschedule`) → its poll starts (`cq_process`), per CQ (`CQ_WAKEUP_PROBE`);
+//! - rdma_cm connection set-up: REQ sent or CONNECT_REQUEST → ESTABLISHED, per connection
+//!   (`rdma_cma` tracepoints, `cma.rs`; `CM_CONNECT_PROBE`);
 //! - user-space function duration (`uentry`/`ureturn`, uprobes; the probe id is the attach
 //!   cookie), counted only for the processes the loader puts in `TGIDS`.
 //!
@@ -26,6 +28,7 @@
 #![allow(internal_features)]
 
 mod calibrate;
+mod cma;
 mod cq;
 mod rare;
 
@@ -69,6 +72,9 @@ static NAPI_PROBE: u32 = NO_PROBE;
 /// Probe timing the ib_cq API's wake-ups (cq_schedule → cq_process), or NO_PROBE.
 #[unsafe(no_mangle)]
 static CQ_WAKEUP_PROBE: u32 = NO_PROBE;
+/// Probe timing rdma_cm connection set-up (`cma.rs`), or NO_PROBE.
+#[unsafe(no_mangle)]
+static CM_CONNECT_PROBE: u32 = NO_PROBE;
 /// Where the per-CQ labels are in `struct ib_cq` (`res.id`, `poll_ctx`, `comp_vector`,
 /// `device`) and `struct ib_device` (`name`), from BTF, when `IBCQ_LABELS` is 1.
 #[unsafe(no_mangle)]

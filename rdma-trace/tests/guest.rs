@@ -473,6 +473,14 @@ fn program_targets(probe: &Value) -> (Vec<String>, usize) {
             ]),
             1,
         ),
+        ("raw_tp", "rdma_cm connect") => (
+            owned(&[
+                "raw_tp cm_send_req",
+                "raw_tp cm_event_handler",
+                "raw_tp cm_id_destroy",
+            ]),
+            1,
+        ),
         ("uprobe", n) => (vec![format!("uprobe {n}")], 2),
         ("kprobe" | "fentry", "wakeup") => (
             owned(&["ib_uverbs_comp_handler", "ib_uverbs_comp_event_read"]),

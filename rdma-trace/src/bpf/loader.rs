@@ -261,6 +261,7 @@ impl Bpf {
                 .override_global("SOFTIRQ_PROBE", &plan.softirq_probe, true)
                 .override_global("NAPI_PROBE", &plan.napi_probe, true)
                 .override_global("CQ_WAKEUP_PROBE", &plan.cq_wakeup_probe, true)
+                .override_global("CM_CONNECT_PROBE", &plan.cm_connect_probe, true)
                 .override_global("INTERVAL_PROBE", &plan.interval_probe, true)
                 .override_global(crate::bpf::log::LEVEL_GLOBAL, &log_level, false)
         })?;
@@ -380,6 +381,13 @@ impl Bpf {
                 ("ibcq_free", "cq_free"),
             ])
         });
+        let cm_connect = (plan.cm_connect_probe != NO_PROBE).then(|| {
+            self.attach_raw_tracepoints(&[
+                ("cm_send_req", "cm_send_req"),
+                ("cm_event_handler", "cm_event_handler"),
+                ("cm_id_destroy", "cm_id_destroy"),
+            ])
+        });
         let irq_map = plan.irq_map();
         let irq = (!irq_map.is_empty()).then(|| match self.fill_irq_map(&irq_map) {
             Ok(()) => self.attach_raw_tracepoints(&[
@@ -425,6 +433,7 @@ impl Bpf {
                     Shape::Softirq { .. } => softirq.clone(),
                     Shape::NapiPoll => napi.clone(),
                     Shape::CqWakeup => cq_wakeup.clone(),
+                    Shape::CmConnect => cm_connect.clone(),
                     Shape::Irq { .. } => irq.clone(),
                     Shape::UserFunction { .. } => user.get(&p.id).cloned(),
                 };

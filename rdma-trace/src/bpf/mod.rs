@@ -6,6 +6,7 @@
 //! * [`session`]: facts → plan → load → attach, then snapshots until dropped.
 //! * [`batch`]: batched map reads (one syscall per refresh for all rows).
 //! * [`hist`]: the histograms as the eBPF side builds them, and what is read off them.
+//! * [`cma`]: rdma_cm's events by type, for the `rdma_cm connect` row.
 //! * [`ibcq`]: the kernel CQs the ib_cq API woke and polled, per CQ.
 //! * [`stats`]: the kernel's BPF run-time statistics per program.
 //! * [`calibrate`]: what each attach mechanism costs per hit, measured at start.
@@ -16,6 +17,7 @@
 
 pub mod batch;
 pub mod calibrate;
+pub mod cma;
 pub mod hist;
 pub mod ibcq;
 pub mod loader;

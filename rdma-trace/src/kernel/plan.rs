@@ -346,6 +346,8 @@ pub struct Plan {
     pub napi_probe: u32,
     /// The ib_cq wake-up row (`CQ_WAKEUP_PROBE`), or NO_PROBE.
     pub cq_wakeup_probe: u32,
+    /// The rdma_cm connection set-up row (`CM_CONNECT_PROBE`), or NO_PROBE.
+    pub cm_connect_probe: u32,
     pub interval_probe: [u32; MAX_INTERVALS as usize],
 }
 
@@ -396,6 +398,7 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
         softirq_probe: [NO_PROBE; NR_SOFTIRQS as usize],
         napi_probe: NO_PROBE,
         cq_wakeup_probe: NO_PROBE,
+        cm_connect_probe: NO_PROBE,
         interval_probe: [NO_PROBE; MAX_INTERVALS as usize],
     };
     let mut intervals = 0u32;
@@ -440,6 +443,7 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
                 &Shape::Softirq { vector } => plan.softirq_probe[vector as usize] = id,
                 Shape::NapiPoll => plan.napi_probe = id,
                 Shape::CqWakeup => plan.cq_wakeup_probe = id,
+                Shape::CmConnect => plan.cm_connect_probe = id,
                 Shape::Irq { .. } | Shape::UserFunction { .. } => {}
             }
         }
@@ -552,6 +556,8 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
             .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
         Shape::CqWakeup => tracepoint(facts, def, CQ_WAKEUP_EVENTS)
             .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
+        Shape::CmConnect => tracepoint(facts, def, CM_CONNECT_EVENTS)
+            .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
         Shape::UserFunction { library, .. } => {
             if !opts.uprobes {
                 Decision::Skip(SkipReason::UprobesOptIn)
@@ -593,6 +599,14 @@ pub const CQ_WAKEUP_EVENTS: &[&str] = &[
     "rdma_core:cq_process",
     "rdma_core:cq_poll",
     "rdma_core:cq_free",
+];
+
+/// The tracepoints of the rdma_cm connection row ([`Shape::CmConnect`]), in rdma_cm: listed
+/// in available_events once rdma_cm is loaded (rdma_ucm, nvme-rdma and rpcrdma load it).
+pub const CM_CONNECT_EVENTS: &[&str] = &[
+    "rdma_cma:cm_send_req",
+    "rdma_cma:cm_event_handler",
+    "rdma_cma:cm_id_destroy",
 ];
 
 /// `Some(Skip)` when tracefs lists events and one of `events` is missing.

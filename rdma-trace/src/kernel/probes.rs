@@ -81,6 +81,10 @@ pub enum Shape {
     /// The ib_cq API's wake-up of kernel consumers' CQs: scheduled (`rdma_core:cq_schedule`,
     /// `cq_reschedule`) → the poll starts (`cq_process`), matched per CQ (ns).
     CqWakeup,
+    /// rdma_cm connection set-up, per connection: the active side's REQ sent
+    /// (`rdma_cma:cm_send_req`) or the passive side's CONNECT_REQUEST event → its ESTABLISHED
+    /// event (`rdma_cma:cm_event_handler`) (ns); every CM event counted by type.
+    CmConnect,
     /// Entry → return of a function in a shared library, in the watched processes (ns).
     UserFunction {
         library: &'static str,
@@ -400,6 +404,20 @@ pub const PROBES: &[ProbeDef] = &[
         since: None,
         role: Role::Stage,
         preset: Preset::Full,
+    },
+    // ---- generic: rdma_cm connection set-up (librdmacm programs through ucma, and the kernel's
+    // consumers: nvme-rdma, rpcrdma, iSER). A few hits per connection, none per completion.
+    ProbeDef {
+        name: Cow::Borrowed("rdma_cm connect"),
+        what: "rdma_cm connection set-up: REQ sent (rdma_cma:cm_send_req, active side) or CONNECT_REQUEST delivered (passive side) → ESTABLISHED delivered (cm_event_handler; CONNECT_RESPONSE on an active side whose QP user space owns), per connection end",
+        driver: Driver::Generic,
+        shape: Shape::CmConnect,
+        methods: TRACEPOINT,
+        zero_note: Some("no rdma_cm connection was established in the window (verbs programs that exchange QP numbers themselves never use rdma_cm)"),
+        module: Some("rdma_cm"),
+        since: None,
+        role: Role::Stage,
+        preset: Preset::Default,
     },
     // ---- mlx5 (mlx5_core + mlx5_ib, 6.1 and 6.12): IRQ mlx5_comp<N> → irq_int_handler →
     // mlx5_eq_comp_int (EQ) → user CQs: mlx5_add_cq_to_tasklet, then the tasklet
@@ -799,6 +817,8 @@ mod tests {
         assert_eq!(
             added,
             [
+                // rdma_cm: a few hits per connection, none per completion
+                "rdma_cm connect",
                 // mlx5: hard IRQ (EQ handler), completion tasklet
                 "mlx5_eq_comp_int",
                 "mlx5_cq_tasklet_cb",
@@ -815,9 +835,12 @@ mod tests {
         for p in PROBES.iter().filter(|p| Preset::Default.holds(p)) {
             // Softirq, IRQ and NAPI rows run on every softirq, IRQ or poll of the machine; the
             // wake-up interval is the waterfall's to measure; kernel consumers' polls are not
-            // the demo's path.
+            // the demo's path. rdma_cm's set-up runs per connection.
             assert!(
-                matches!(p.shape, Shape::Duration { .. } | Shape::UserFunction { .. }),
+                matches!(
+                    p.shape,
+                    Shape::Duration { .. } | Shape::UserFunction { .. } | Shape::CmConnect
+                ),
                 "{} is in the default",
                 p.name
             );

@@ -154,6 +154,7 @@ pub async fn run(args: &RunConfig, spec: &DemoLoad) -> Result<Option<i32>> {
             demo: Some(demo_json),
             probes,
             cqs: Vec::new(),
+            rdma_cm: None,
             processes: Vec::new(),
             overhead,
             dropped,

@@ -331,6 +331,7 @@ mod tests {
             demo: None,
             probes,
             cqs: Vec::new(),
+            rdma_cm: None,
             processes: Vec::new(),
             overhead: Overhead::between("bpf_enable_stats", &[], &[], u, u),
             dropped: Vec::new(),

@@ -140,6 +140,9 @@ pub struct Phase {
     /// polled in this phase, with their labels (the `ib_cq wakeup` row, full preset; empty
     /// otherwise, and in the demo's phases).
     pub cqs: Vec<crate::bpf::ibcq::CqReport>,
+    /// The rdma_cm events of this phase, by type (the `rdma_cm connect` row's; `null` when
+    /// none came, and in the demo's phases, which connect without rdma_cm).
+    pub rdma_cm: Option<crate::bpf::cma::CmReport>,
     /// The traced processes and their counts (the demo's phases: empty).
     pub processes: Vec<ProcessReport>,
     /// What tracing cost during this phase.

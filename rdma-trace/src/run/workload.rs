@@ -14,7 +14,7 @@ use super::{
 };
 use crate::bpf::loader::check_privileges;
 use crate::{
-    bpf::{ibcq, session::Session},
+    bpf::{cma, ibcq, session::Session},
     error::Usage,
     kernel::facts::Kernel,
     load::workload::{self, Extra, ProcessCounts, Target},
@@ -102,6 +102,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     // baseline are taken first, so that the command's first completions are in the report.
     let procs_before = workload::read_processes(session.bpf().ebpf())?;
     let cqs_before = ibcq::read(session.bpf().ebpf())?;
+    let cm_before = cma::read(session.bpf().ebpf())?;
     let base = Baseline::new(&session, wf.as_ref().zip(wf_before.clone()))?;
     let mut live = args.live_view();
     let (mut child, held) = match &target {
@@ -113,7 +114,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         }
         _ => (None, None),
     };
-    let (window, probes, overhead, wf_window, stalls, procs_after, cqs) = {
+    let (window, probes, overhead, wf_window, stalls, procs_after, cqs, rdma_cm) = {
         let mut src = WorkloadSource {
             session: &session,
             label: label.clone(),
@@ -131,6 +132,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
             super::report::waterfall_window(wf.as_ref().zip(wf_before.as_ref()))?;
         let procs_after = workload::read_processes(session.bpf().ebpf())?;
         let cqs = ibcq::reports(&ibcq::read(session.bpf().ebpf())?, &cqs_before);
+        let rdma_cm = cma::report(&cma::read(session.bpf().ebpf())?, &cm_before);
         let data = delta(&after, &before);
         let probes = probe_reports(&session, &data, window.seconds);
         (
@@ -141,6 +143,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
             stalls,
             procs_after,
             cqs,
+            rdma_cm,
         )
     };
     let interrupted = if window.ended_by != "quit" && !window.interrupted() {
@@ -199,6 +202,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         demo: None,
         probes,
         cqs,
+        rdma_cm,
         processes,
         overhead,
         dropped: Vec::new(),
@@ -230,7 +234,8 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
             None => "unknown (ib_uverbs_comp_handler is not attached)".to_owned(),
         },
         render_processes(&phase.processes, &target),
-    ) + &render_cqs(&phase.cqs);
+    ) + &render_cqs(&phase.cqs)
+        + &cma::render(phase.rdma_cm.as_ref());
     let mut text = report_text.phase(true, &title, &load_text, &budget, &phase);
     if let Some(s) = &timeline {
         text.push_str(&format!("{}\n", super::timeline::summary_line(s)));

@@ -321,7 +321,43 @@ fn run_cmd_rping_pair_reads_completion_events_with_a_waterfall_per_side() {
         stdout.contains("completion mode seen: completion events"),
         "{stdout}"
     );
+    check_one_rdma_cm_connection(report, &stdout);
     assert!(kprobes_left().trim().is_empty(), "{}", kprobes_left());
+}
+
+/// The rdma_cm section and row of a window in which one librdmacm client connected to one
+/// librdmacm server (the truth: the pair's own programs make one connection): the client
+/// resolved its address and route once and got the REP (CONNECT_RESPONSE: its QP is user
+/// space's, so librdmacm makes its ESTABLISHED), the server got one CONNECT_REQUEST and one
+/// ESTABLISHED; both ends have a set-up time (the client's from its REQ, the server's from the
+/// request), within the window.
+fn check_one_rdma_cm_connection(report: &Value, stdout: &str) {
+    let cm = &report["rdma_cm"];
+    let events = &cm["events"];
+    for (kind, n) in [
+        ("ADDR_RESOLVED", 1),
+        ("ROUTE_RESOLVED", 1),
+        ("CONNECT_REQUEST", 1),
+        ("CONNECT_RESPONSE", 1),
+        ("ESTABLISHED", 1),
+    ] {
+        assert_eq!(events[kind], n, "{kind}: {cm}");
+    }
+    assert_eq!(cm["failures"], 0, "{cm}");
+    assert_eq!(cm["starts_lost"], 0, "{cm}");
+    let row = probe(report, "rdma_cm connect");
+    assert_eq!(row["attach"], "raw_tp", "{row}");
+    assert_eq!(row["count"], 2, "one set-up end per end: {row}");
+    assert_eq!(
+        row["unmatched"], 0,
+        "both ends started in the window: {row}"
+    );
+    assert_eq!(row["summary"]["count"], 2, "{row}");
+    let max_ns = row["summary"]["max"].as_u64().expect("set-up max");
+    let window_ns = report["window"]["seconds"].as_f64().unwrap() * 1e9;
+    assert!(max_ns > 0 && (max_ns as f64) < 2.0 * window_ns, "{row}");
+    assert!(stdout.contains("rdma_cm events ("), "{stdout}");
+    assert!(stdout.contains("ESTABLISHED 1"), "{stdout}");
 }
 
 /// The event-mode pair that `--pid` attaches to: (program, server args, client args).
