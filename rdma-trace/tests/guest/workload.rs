@@ -325,6 +325,49 @@ fn run_cmd_rping_pair_reads_completion_events_with_a_waterfall_per_side() {
     assert!(kprobes_left().trim().is_empty(), "{}", kprobes_left());
 }
 
+/// librdmacm's own examples, rdma_server and rdma_client (one SEND each way over an rdma_cm
+/// connection), under `run -- CMD`. `rdma_get_recv_comp`/`rdma_get_send_comp` poll first and
+/// block in `ibv_get_cq_event` only when nothing is there: with one message each way, a side
+/// whose message arrived while it was still in `rdma_accept` or `rdma_connect` reads no event
+/// (one run in three here read none at all). What is certain is their one rdma_cm connection,
+/// and that each process that read an event has its waterfall.
+#[test]
+fn run_cmd_rdma_server_and_client_make_one_rdma_cm_connection() {
+    let port = 18_613;
+    let cmd = cm_pair(
+        &format!("timeout 120 rdma_server -s 10.9.0.2 -p {port} >/dev/null"),
+        &format!("timeout 120 rdma_client -s 10.9.0.2 -p {port} >/dev/null"),
+        &wait_cm_listen(port),
+    );
+    let (status, stdout, doc) = run_cmd(&[], &cmd, "rdma-server-client");
+    let report = only_phase(&doc, "command");
+    assert_eq!(
+        status,
+        Some(0),
+        "rdma_server/rdma_client (timeout: 124): {stdout}"
+    );
+    assert_eq!(report["window"]["command_status"], 0);
+    let handled = probe_count(report, "ib_uverbs_comp_handler");
+    let mut read = 0;
+    for comm in ["rdma_server", "rdma_client"] {
+        assert_eq!(processes(report, comm).len(), 1, "{}", report["processes"]);
+        let waited = processes(report, comm)
+            .into_iter()
+            .filter(|p| p["completion_events_read"].as_u64().unwrap() > 0)
+            .count();
+        for p in with_events_and_waterfall(report, comm, waited) {
+            read += p["completion_events_read"].as_u64().unwrap();
+        }
+    }
+    // One receive and one send completion per side at most woke it.
+    assert!(
+        read <= 4 && read <= handled + 2,
+        "{read} read, {handled} queued"
+    );
+    check_one_rdma_cm_connection(report, &stdout);
+    assert!(kprobes_left().trim().is_empty(), "{}", kprobes_left());
+}
+
 /// The rdma_cm section and row of a window in which one librdmacm client connected to one
 /// librdmacm server (the truth: the pair's own programs make one connection): the client
 /// resolved its address and route once and got the REP (CONNECT_RESPONSE: its QP is user
