@@ -8,14 +8,21 @@
 //!   histogram, and its `events`), and so does CONNECT_RESPONSE, the REP that an active side
 //!   whose QP user space owns gets instead (librdmacm sends the RTU and makes ESTABLISHED
 //!   itself); a failure drops the start;
+//! - `cm_event_done(id_priv, event, ret)`: the consumer's handler returned.
 //! - `cm_id_destroy(id_priv)`: the id is gone, and its start with it.
+//!
+//! A listener bound to a wildcard address gets each CONNECT_REQUEST through a per-device
+//! listener, whose handler (`cma_listen_handler`) traces the same event again, for the
+//! wildcard id, from inside the first trace's handler. `CM_INFLIGHT` holds the event each
+//! thread is handling, so that the inner trace is not counted twice (nor started for the
+//! listener, which never gets ESTABLISHED).
 //!
 //! Nothing runs per completion: these fire a few times per connection.
 
 use aya_ebpf::{
-    helpers::bpf_probe_read_kernel,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
     macros::{map, raw_tracepoint},
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, LruHashMap},
     programs::RawTracePointContext,
 };
 use rdma_trace_common::{
@@ -32,6 +39,10 @@ use rdma_trace_common::{C_UNMATCHED, NO_PROBE};
 /// Set-up start time per `struct rdma_id_private *`.
 #[map]
 static CM_START: HashMap<u64, u64> = HashMap::with_max_entries(1024, 0);
+/// The `struct rdma_cm_event *` each thread (by thread id) is handing to a consumer, from
+/// cm_event_handler to cm_event_done.
+#[map]
+static CM_INFLIGHT: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1024, 0);
 /// Events by type (`rdma_trace_common::cma`), then the non-zero statuses and lost starts.
 #[map]
 static CM_EVENTS: Array<u64> = Array::with_max_entries(CM_COUNTERS, 0);
@@ -67,6 +78,13 @@ pub fn cm_event_handler(ctx: RawTracePointContext) -> i32 {
     }
     let id: u64 = ctx.arg(0);
     let event: u64 = ctx.arg(1);
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: the value is copied out at once.
+    if unsafe { CM_INFLIGHT.get(tid) }.copied() == Some(event) {
+        // The same event again, traced for a wildcard listener by its per-device listener.
+        return 0;
+    }
+    let _ = CM_INFLIGHT.insert(tid, event, 0);
     // struct rdma_cm_event { enum rdma_cm_event_type event; int status; ... }.
     // SAFETY: bpf_probe_read_kernel checks the address; a fault gives an error, not a crash.
     let kind = unsafe { bpf_probe_read_kernel(event as *const u32) }.unwrap_or(u32::MAX);
@@ -92,6 +110,14 @@ pub fn cm_event_handler(ctx: RawTracePointContext) -> i32 {
         }
     } else if cm_event_fails(kind) {
         let _ = CM_START.remove(id);
+    }
+    0
+}
+
+#[raw_tracepoint(tracepoint = "cm_event_done")]
+pub fn cm_event_done(_ctx: RawTracePointContext) -> i32 {
+    if config(&CM_CONNECT_PROBE) != NO_PROBE {
+        let _ = CM_INFLIGHT.remove(bpf_get_current_pid_tgid() as u32);
     }
     0
 }

@@ -22,6 +22,8 @@ const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
 
 #[path = "guest/budget.rs"]
 mod budget;
+#[path = "guest/consumers.rs"]
+mod consumers;
 #[path = "guest/ground_truth.rs"]
 mod ground_truth;
 mod guest_drivers;
@@ -32,6 +34,8 @@ mod hardening;
 mod harness;
 #[path = "guest/kill_on_drop.rs"]
 mod kill_on_drop;
+#[path = "guest/nfs.rs"]
+mod nfs;
 #[path = "guest/nvme.rs"]
 mod nvme;
 #[path = "guest/privileges.rs"]
@@ -477,6 +481,7 @@ fn program_targets(probe: &Value) -> (Vec<String>, usize) {
             owned(&[
                 "raw_tp cm_send_req",
                 "raw_tp cm_event_handler",
+                "raw_tp cm_event_done",
                 "raw_tp cm_id_destroy",
             ]),
             1,

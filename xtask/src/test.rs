@@ -270,6 +270,7 @@ fn kernel_suite(kernel: vm::Kernel) -> Suite {
             "waterfall",
             "stall",
             "nvme",
+            "nfs",
             "guest_drivers",
             "run_both_modes_between_rxe0_and_rxe1",
         ]),

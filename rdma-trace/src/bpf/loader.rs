@@ -385,6 +385,7 @@ impl Bpf {
             self.attach_raw_tracepoints(&[
                 ("cm_send_req", "cm_send_req"),
                 ("cm_event_handler", "cm_event_handler"),
+                ("cm_event_done", "cm_event_done"),
                 ("cm_id_destroy", "cm_id_destroy"),
             ])
         });

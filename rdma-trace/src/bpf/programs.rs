@@ -57,6 +57,7 @@ mod tests {
         ("ibcq_free", "bpf.rs: ib_cq wake-up probe"),
         ("cm_send_req", "bpf.rs: rdma_cm connect probe"),
         ("cm_event_handler", "bpf.rs: rdma_cm connect probe"),
+        ("cm_event_done", "bpf.rs: rdma_cm connect probe"),
         ("cm_id_destroy", "bpf.rs: rdma_cm connect probe"),
         ("uentry", "bpf.rs: user-space probes"),
         ("ureturn", "bpf.rs: user-space probes"),

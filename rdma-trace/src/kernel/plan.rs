@@ -606,6 +606,7 @@ pub const CQ_WAKEUP_EVENTS: &[&str] = &[
 pub const CM_CONNECT_EVENTS: &[&str] = &[
     "rdma_cma:cm_send_req",
     "rdma_cma:cm_event_handler",
+    "rdma_cma:cm_event_done",
     "rdma_cma:cm_id_destroy",
 ];
 

@@ -6,11 +6,14 @@
 
 use std::{
     path::Path,
-    process::{Command, Output},
+    process::Command,
     time::{Duration, Instant},
 };
 
-use super::harness::{count, run_json};
+use super::{
+    consumers::{load_consumer, run, run_ok, write},
+    harness::{count, run_json},
+};
 
 /// The subsystem the target exports.
 const NQN: &str = "nqn.2014-08.org.rdma-trace:guest-nvme";
@@ -22,47 +25,6 @@ const NVMET: &str = "/sys/kernel/config/nvmet";
 const PORT: &str = "1";
 /// The target's block device (null_blk's first device).
 const NULLB: &str = "nullb0";
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"))
-}
-
-/// Runs `cmd` and fails the test, with its output, unless it succeeded.
-fn run_ok(cmd: &mut Command) -> Output {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    out
-}
-
-fn write(path: &str, value: &str) {
-    std::fs::write(path, value).unwrap_or_else(|e| panic!("write {value:?} to {path}: {e}"));
-}
-
-/// Loads kernel consumer module `root` and what it needs, in the load order xtask computed
-/// (`/lib/modules/consumers/<root>.list`; the guest has no modprobe). Modules already loaded
-/// are left alone.
-fn load_consumer(root: &str, params: &[&str]) {
-    let list_path = format!("/lib/modules/consumers/{root}.list");
-    let list = std::fs::read_to_string(&list_path)
-        .unwrap_or_else(|e| panic!("{list_path} ({e}): is this the xtask guest image?"));
-    for m in list.lines().filter(|l| !l.is_empty()) {
-        if Path::new("/sys/module").join(m).exists() {
-            continue;
-        }
-        let mut insmod = Command::new("insmod");
-        insmod.arg(format!("/lib/modules/{m}.ko"));
-        if m == root {
-            insmod.args(params);
-        }
-        run_ok(&mut insmod);
-    }
-}
 
 /// The block counters of `/sys/block/<dev>/stat`: (reads completed, sectors read).
 fn block_reads(dev: &str) -> (u64, u64) {

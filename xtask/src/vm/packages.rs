@@ -162,7 +162,14 @@ pub const DRIVER_MODULES: &[&str] = &["mlx5_ib", "irdma", "bnxt_re", "mana_ib"];
 /// loads them (nvmet_rdma brings nvmet and configfs, nvme_rdma brings nvme_fabrics and
 /// nvme_core, and null_blk is the target's namespace). Unlike a hardware driver, every root must be in the
 /// kernel package.
-pub const CONSUMER_MODULES: &[&str] = &["null_blk", "nvmet_rdma", "nvme_rdma"];
+pub const CONSUMER_MODULES: &[&str] = &[
+    "null_blk",
+    "nvmet_rdma",
+    "nvme_rdma",
+    "nfsd",
+    "rpcrdma",
+    "nfsv4",
+];
 
 /// Kernel options the project needs, checked in the package's `boot/config-*` (see
 /// [`required_config`]).
