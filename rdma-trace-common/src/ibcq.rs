@@ -31,5 +31,9 @@ pub struct IbCqStat {
     pub labelled: u32,
     /// The device's name, NUL-padded (truncated at [`IBCQ_DEVICE_NAME`] bytes).
     pub device: [u8; IBCQ_DEVICE_NAME],
+    /// The module that allocated the CQ (its restrack `kern_name`, what `rdma res show cq`
+    /// prints as `comm [rpcrdma]`; `ib_core` for the shared CQ pools), NUL-padded; empty when
+    /// unknown.
+    pub owner: [u8; IBCQ_DEVICE_NAME],
     pub counters: [u64; IBCQ_COUNTERS],
 }

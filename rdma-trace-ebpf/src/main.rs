@@ -43,7 +43,7 @@ mod workload;
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_buf},
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_buf, bpf_probe_read_kernel_str_bytes},
     macros::{fentry, fexit, kprobe, kretprobe, map, raw_tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray},
     programs::{FEntryContext, FExitContext, ProbeContext, RawTracePointContext, RetProbeContext},
@@ -89,6 +89,9 @@ static IBCQ_OFF_COMP_VECTOR: u32 = 0;
 static IBCQ_OFF_DEVICE: u32 = 0;
 #[unsafe(no_mangle)]
 static IBCQ_OFF_DEV_NAME: u32 = 0;
+/// Where `res.kern_name` (a `const char *`) is in `struct ib_cq`.
+#[unsafe(no_mangle)]
+static IBCQ_OFF_KERN_NAME: u32 = 0;
 /// Probe of each interval.
 #[unsafe(no_mangle)]
 static INTERVAL_PROBE: IntervalProbes = [NO_PROBE; MAX_INTERVALS as usize];
@@ -542,6 +545,16 @@ fn ibcq_stat(cq: u64) -> Option<*mut IbCqStat> {
             // SAFETY: as in `read_u32`; the buffer is the local's own.
             let _ = unsafe { bpf_probe_read_kernel_buf(name, &mut s.device) };
             s.labelled = 1;
+        }
+        // SAFETY: as in `read_u32`.
+        let owner: u64 = unsafe {
+            bpf_probe_read_kernel((cq + config(&IBCQ_OFF_KERN_NAME) as u64) as *const u64)
+        }
+        .unwrap_or(0);
+        if owner != 0 {
+            // SAFETY: as in `read_u32`; the buffer is the local's own. A name longer than the
+            // buffer is cut (the helper NUL-terminates within it).
+            let _ = unsafe { bpf_probe_read_kernel_str_bytes(owner as *const u8, &mut s.owner) };
         }
     }
     // BPF_NOEXIST: another CPU may have made it meanwhile; either entry is the CQ's.

@@ -32,6 +32,10 @@ pub fn read(ebpf: &Ebpf) -> Result<BTreeMap<u64, IbCqStat>> {
 pub struct CqReport {
     /// The device's name (`rxe0`, `mlx5_0`; at most 16 bytes), null when unlabelled.
     pub device: Option<String>,
+    /// The module that allocated the CQ, as `rdma res show cq` names it (`rpcrdma`; `ib_core`
+    /// for the shared CQ pools that nvme-rdma and nvmet-rdma take theirs from); null when
+    /// unlabelled.
+    pub owner: Option<String>,
     /// The CQ's restrack id on its device (`rdma res show cq`'s `cqn`), null when unlabelled.
     pub id: Option<u32>,
     /// `softirq`, `workqueue`, `unbound_workqueue` or `direct` (null when unlabelled).
@@ -55,6 +59,12 @@ pub fn poll_ctx_name(v: u32) -> Option<&'static str> {
         .copied()
 }
 
+/// The text of a NUL-padded buffer.
+fn c_string(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
 /// The CQs of `after` that had events since `before` (a CQ `before` lacks started at 0), by
 /// device and id.
 pub fn reports(after: &BTreeMap<u64, IbCqStat>, before: &BTreeMap<u64, IbCqStat>) -> Vec<CqReport> {
@@ -74,14 +84,11 @@ pub fn reports(after: &BTreeMap<u64, IbCqStat>, before: &BTreeMap<u64, IbCqStat>
                 return None;
             }
             let labelled = a.labelled == 1;
-            let end = a
-                .device
-                .iter()
-                .position(|&c| c == 0)
-                .unwrap_or(a.device.len());
+            let owner = c_string(&a.owner);
             let matched = d[IBCQ_WAKEUPS].saturating_sub(d[IBCQ_UNMATCHED]);
             Some(CqReport {
-                device: labelled.then(|| String::from_utf8_lossy(&a.device[..end]).into_owned()),
+                device: labelled.then(|| c_string(&a.device)),
+                owner: (labelled && !owner.is_empty()).then_some(owner),
                 id: labelled.then_some(a.id),
                 poll_ctx: if labelled {
                     poll_ctx_name(a.poll_ctx)
@@ -108,12 +115,15 @@ mod tests {
     fn stat(id: u32, dev: &str, counters: [u64; IBCQ_COUNTERS]) -> IbCqStat {
         let mut device = [0; 16];
         device[..dev.len()].copy_from_slice(dev.as_bytes());
+        let mut owner = [0; 16];
+        owner[..7].copy_from_slice(b"rpcrdma");
         IbCqStat {
             id,
             poll_ctx: 1,
             comp_vector: 0,
             labelled: 1,
             device,
+            owner,
             counters,
         }
     }
@@ -136,6 +146,7 @@ mod tests {
         assert_eq!(r[0].device.as_deref(), Some("rxe0"));
         assert_eq!(r[0].id, Some(1));
         assert_eq!(r[0].poll_ctx, Some("workqueue"));
+        assert_eq!(r[0].owner.as_deref(), Some("rpcrdma"));
         assert_eq!((r[0].wakeups, r[0].unmatched), (10, 1));
         // 900 ns over the 9 matched wake-ups.
         assert_eq!(r[0].mean_delay_ns, Some(100.0));
@@ -148,6 +159,9 @@ mod tests {
     #[test]
     fn unlabelled_cqs_have_null_labels_and_poll_contexts_are_named() {
         let mut s = stat(3, "rxe0", [1, 0, 10, 1, 1]);
+        s.owner = [0; 16];
+        let r = reports(&BTreeMap::from([(0x40, s)]), &BTreeMap::new());
+        assert_eq!(r[0].owner, None, "no kern_name: no owner");
         s.labelled = 0;
         let r = reports(&BTreeMap::from([(0x40, s)]), &BTreeMap::new());
         assert_eq!(

@@ -372,10 +372,11 @@ fn render_cqs(list: &[ibcq::CqReport]) -> String {
 ",
     );
     out.push_str(&format!(
-        "  {:<16} {:>5} {:<17} {:>6} {:>9} {:>9} {:>12} {:>9} {:>11}
+        "  {:<16} {:>5} {:<12} {:<17} {:>6} {:>9} {:>9} {:>12} {:>9} {:>11}
 ",
         "device",
         "cq",
+        "owner",
         "poll ctx",
         "vector",
         "wake-ups",
@@ -386,10 +387,11 @@ fn render_cqs(list: &[ibcq::CqReport]) -> String {
     ));
     for c in list {
         out.push_str(&format!(
-            "  {:<16} {:>5} {:<17} {:>6} {:>9} {:>9} {:>12} {:>9} {:>11}
+            "  {:<16} {:>5} {:<12} {:<17} {:>6} {:>9} {:>9} {:>12} {:>9} {:>11}
 ",
             c.device.as_deref().unwrap_or("?"),
             c.id.map_or("?".to_owned(), |i| i.to_string()),
+            c.owner.as_deref().unwrap_or("?"),
             c.poll_ctx.unwrap_or("?"),
             c.comp_vector.map_or("?".to_owned(), |v| v.to_string()),
             c.wakeups,

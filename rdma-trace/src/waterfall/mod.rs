@@ -130,6 +130,7 @@ pub fn ib_cq_label_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
         b.member_offset("ib_cq", "comp_vector")?,
         b.member_offset("ib_cq", "device")?,
         b.member_offset("ib_device", "name")?,
+        b.member_offset("ib_cq", "res")? + b.member_offset("rdma_restrack_entry", "kern_name")?,
     ];
     Ok([
         "IBCQ_LABELS",
@@ -138,6 +139,7 @@ pub fn ib_cq_label_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
         "IBCQ_OFF_COMP_VECTOR",
         "IBCQ_OFF_DEVICE",
         "IBCQ_OFF_DEV_NAME",
+        "IBCQ_OFF_KERN_NAME",
     ]
     .into_iter()
     .zip(offsets)

@@ -48,3 +48,53 @@ pub fn load_consumer(root: &str, params: &[&str]) {
         run_ok(&mut insmod);
     }
 }
+
+/// Every CQ `rdma res show cq` (RDMA netlink) lists: (device, cqn, owner). The owner is the
+/// process for a user CQ, the allocating module for a kernel CQ (printed `[rpcrdma]`: without
+/// the brackets here).
+pub fn rdma_res_cqs() -> Vec<(String, u64, String)> {
+    let res = run_ok(Command::new("rdma").args(["-j", "res", "show", "cq"]));
+    let res: serde_json::Value = serde_json::from_slice(&res.stdout).expect("rdma -j JSON");
+    res.as_array()
+        .expect("rdma res show cq: a list")
+        .iter()
+        .map(|c| {
+            (
+                c["ifname"].as_str().expect("ifname").to_owned(),
+                c["cqn"].as_u64().expect("cqn"),
+                c["comm"]
+                    .as_str()
+                    .unwrap_or("")
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The `cqs` of a report's phase, each checked against `rdma res show cq` (RDMA netlink: the
+/// same device, cqn and owner), as (CQ, device, owner). `what` names the test in its log line.
+pub fn checked_cqs<'a>(
+    phase: &'a serde_json::Value,
+    what: &str,
+) -> Vec<(&'a serde_json::Value, String, String)> {
+    let known = rdma_res_cqs();
+    let cqs = phase["cqs"].as_array().expect("cqs");
+    eprintln!("{what}: cqs {cqs:?}; rdma res show cq {known:?}");
+    cqs.iter()
+        .map(|c| {
+            let dev = c["device"]
+                .as_str()
+                .unwrap_or_else(|| panic!("unlabelled CQ {c}"))
+                .to_owned();
+            let id = c["id"].as_u64().expect("id");
+            let owner = c["owner"].as_str().unwrap_or("?").to_owned();
+            assert!(
+                known.contains(&(dev.clone(), id, owner.clone())),
+                "CQ {c} is not in rdma res show cq: {known:?}"
+            );
+            (c, dev, owner)
+        })
+        .collect()
+}

@@ -11,7 +11,7 @@ use std::{
 };
 
 use super::{
-    consumers::{load_consumer, run, run_ok, write},
+    consumers::{checked_cqs, load_consumer, run, run_ok, write},
     harness::{count, run_json},
 };
 
@@ -406,46 +406,25 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
     );
 
     // The per-CQ list. Independent truths: `rdma res show cq` (RDMA netlink, the restrack ids
-    // per device), the pools' poll contexts in the kernel's sources (nvme-rdma's queues take
-    // IB_POLL_SOFTIRQ CQs, nvmet-rdma's IB_POLL_WORKQUEUE), and the row's own count and the
-    // driver's CQE count (rxe_cq_post), which the per-CQ counts split. Not `rdma res`'s
-    // poll-ctx: iproute2 names the values in the enum's pre-5.9 order (its 0 is DIRECT, the
-    // kernel's is SOFTIRQ), so it prints the host's softirq CQs as DIRECT.
-    let res = run_ok(Command::new("rdma").args(["-j", "res", "show", "cq"]));
-    let res: serde_json::Value = serde_json::from_slice(&res.stdout).expect("rdma -j JSON");
-    let known: Vec<(String, u64)> = res
-        .as_array()
-        .expect("rdma res show cq: a list")
-        .iter()
-        .map(|c| {
-            (
-                c["ifname"].as_str().expect("ifname").to_owned(),
-                c["cqn"].as_u64().expect("cqn"),
-            )
-        })
-        .collect();
-    let cqs = phase["cqs"].as_array().expect("cqs");
-    eprintln!("nvme: cqs {cqs:?}; rdma res show cq {known:?}");
+    // per device and their owners), the kernel's sources (nvme-rdma's queues take
+    // IB_POLL_SOFTIRQ CQs from ib_core's shared pool, nvmet-rdma's IB_POLL_WORKQUEUE ones), and
+    // the row's own count and the driver's CQE count (rxe_cq_post), which the per-CQ counts
+    // split. Not `rdma res`'s poll-ctx: iproute2 names the values in the enum's pre-5.9 order
+    // (its 0 is DIRECT, the kernel's is SOFTIRQ), so it prints the host's softirq CQs as DIRECT.
+    let cqs = checked_cqs(phase, "nvme");
     let mut side_completions = [0u64; 2];
-    for c in cqs {
-        let dev = c["device"]
-            .as_str()
-            .unwrap_or_else(|| panic!("unlabelled CQ {c}"));
-        let id = c["id"].as_u64().expect("id");
-        assert!(
-            known.contains(&(dev.to_owned(), id)),
-            "CQ {dev}/{id} is not in rdma res show cq: {known:?}"
-        );
+    for (c, dev, owner) in &cqs {
         let completions = c["completions"].as_u64().expect("completions");
         // The nvme CQs (dd's reads spread over the queues' CQs), not the MAD layer's, which
         // carries none of dd's traffic.
         if completions >= N / 10 {
-            let (side, ctx) = match dev {
+            let (side, ctx) = match dev.as_str() {
                 "rxe1" => (0, "softirq"),
                 "rxe0" => (1, "workqueue"),
                 _ => panic!("CQ {c} on neither test bed device"),
             };
             assert_eq!(c["poll_ctx"], ctx, "{c}");
+            assert_eq!(owner, "ib_core", "a pooled CQ: {c}");
             side_completions[side] += completions;
         }
     }
@@ -453,7 +432,7 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
         side_completions.iter().all(|&n| n >= N),
         "each side's CQs polled a RECV per read: host (rxe1), target (rxe0): {side_completions:?}"
     );
-    let sum = |key: &str| -> u64 { cqs.iter().map(|c| c[key].as_u64().expect(key)).sum() };
+    let sum = |key: &str| -> u64 { cqs.iter().map(|(c, ..)| c[key].as_u64().expect(key)).sum() };
     assert_eq!(
         sum("wakeups"),
         wakeups,
