@@ -14,7 +14,7 @@ use rdma_trace_common::ibcq::{
 };
 use serde::Serialize;
 
-use crate::error::chain;
+use crate::{bpf::c_string, error::chain};
 
 /// Every entry of the `IBCQ` map, by CQ address.
 pub fn read(ebpf: &Ebpf) -> Result<BTreeMap<u64, IbCqStat>> {
@@ -57,12 +57,6 @@ pub fn poll_ctx_name(v: u32) -> Option<&'static str> {
     ["softirq", "workqueue", "unbound_workqueue", "direct"]
         .get(v as usize)
         .copied()
-}
-
-/// The text of a NUL-padded buffer.
-fn c_string(b: &[u8]) -> String {
-    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
 /// The CQs of `after` that had events since `before` (a CQ `before` lacks started at 0), by

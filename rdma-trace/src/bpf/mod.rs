@@ -25,3 +25,21 @@ pub mod log;
 pub mod programs;
 pub mod session;
 pub mod stats;
+
+/// The text of a NUL-padded buffer the programs filled (a task's comm, a device or module
+/// name): up to its first NUL, or all of it; invalid UTF-8 is replaced, not an error.
+pub fn c_string(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn c_string_stops_at_the_first_nul_or_takes_the_whole_buffer() {
+        assert_eq!(super::c_string(b"ksoftirqd/1\0\0\0\0\0"), "ksoftirqd/1");
+        assert_eq!(super::c_string(b"rxe0\0junk"), "rxe0");
+        assert_eq!(super::c_string(&[b'x'; 16]), "x".repeat(16));
+        assert_eq!(super::c_string(&[0; 16]), "");
+    }
+}

@@ -102,11 +102,6 @@ impl Kallsyms {
     }
 }
 
-fn comm(bytes: &[u8; 16]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(16);
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
-}
-
 /// `--json -`: the JSON lines go to stdout, instead of the text lines.
 fn json_on_stdout(args: &Args) -> bool {
     args.json.as_deref() == Some(std::path::Path::new("-"))
@@ -233,7 +228,7 @@ pub async fn run(args: &Args) -> Result<()> {
             let line = Line {
                 ts_ns: ev.ts_ns,
                 cpu: ev.cpu,
-                comm: comm(&ev.comm),
+                comm: crate::bpf::c_string(&ev.comm),
                 pid: (ev.pid_tgid >> 32) as u32,
                 tid: ev.pid_tgid as u32,
                 function,
@@ -339,6 +334,5 @@ ffffffffc0a03000 d rxe_data\t[rdma_rxe]
             serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
         assert_eq!(j["function"], "rxe_cq_post");
         assert_eq!(j["caller"], "rxe_completer+0x1a5");
-        assert_eq!(comm(b"ksoftirqd/1\0\0\0\0\0"), "ksoftirqd/1");
     }
 }

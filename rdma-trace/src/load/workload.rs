@@ -380,8 +380,7 @@ pub fn read_processes(ebpf: &Ebpf) -> Result<BTreeMap<u32, ProcessCounts>> {
     )?;
     for item in comms.iter() {
         let (pid, comm) = item.map_err(|e| anyhow!("reading PROC_COMM: {}", chain(&e)))?;
-        let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-        out.entry(pid).or_default().comm = String::from_utf8_lossy(&comm[..end]).into_owned();
+        out.entry(pid).or_default().comm = crate::bpf::c_string(&comm);
     }
     let events: PerCpuHashMap<&MapData, u64, u64> = PerCpuHashMap::try_from(
         ebpf.map("PROC_EVENTS")

@@ -511,7 +511,7 @@ impl Waterfall {
             let data = model::ThreadData {
                 tid: info.tid,
                 tgid: info.tgid,
-                comm: comm(&info.comm),
+                comm: crate::bpf::c_string(&info.comm),
                 counts: sum,
                 hists: hs,
             };
@@ -917,11 +917,6 @@ pub fn explain_phases(
     }
 }
 
-fn comm(raw: &[u8; 16]) -> String {
-    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-    String::from_utf8_lossy(&raw[..end]).into_owned()
-}
-
 /// What the waterfall pane shows: the stages of woken events, stacked, at p50 and p99.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WaterfallView {
@@ -1061,13 +1056,5 @@ mod tests {
         let mut named = none;
         named.comm[0] = b'x';
         assert!(owned(3, &named), "a name without a tid");
-    }
-
-    #[test]
-    fn comm_stops_at_nul() {
-        let mut raw = [0u8; 16];
-        raw[..4].copy_from_slice(b"demo");
-        assert_eq!(comm(&raw), "demo");
-        assert_eq!(comm(&[b'x'; 16]), "x".repeat(16));
     }
 }
