@@ -9,6 +9,7 @@
 pub mod cma;
 pub mod cq;
 pub mod ibcq;
+pub mod nvme;
 
 pub mod syscalls;
 

@@ -30,6 +30,7 @@
 mod calibrate;
 mod cma;
 mod cq;
+mod nvme;
 mod rare;
 
 mod syscalls;
@@ -500,7 +501,7 @@ pub fn napi_poll(ctx: RawTracePointContext) -> i32 {
 /// `cq->timestamp` does.
 #[inline(always)]
 fn cq_scheduled(ctx: &RawTracePointContext) -> i32 {
-    if config(&CQ_WAKEUP_PROBE) != NO_PROBE {
+    if config(&CQ_WAKEUP_PROBE) != NO_PROBE || config(&nvme::NVME_IO_PROBE) != NO_PROBE {
         let cq: u64 = ctx.arg(0);
         let _ = CQ_SCHEDULED.insert(cq, now(), 0);
     }
@@ -575,24 +576,32 @@ fn ibcq_add(s: *mut IbCqStat, c: usize, n: u64) {
     }
 }
 
-/// The CQ's poll starts (softirq or kworker): one wake-up, timed from its schedule.
+/// The CQ's poll starts (softirq or kworker): one wake-up, timed from its schedule; the NVMe
+/// split's poll round on this CPU.
 #[raw_tracepoint(tracepoint = "cq_process")]
 pub fn ibcq_process(ctx: RawTracePointContext) -> i32 {
     let probe = config(&CQ_WAKEUP_PROBE);
+    if probe == NO_PROBE && config(&nvme::NVME_IO_PROBE) == NO_PROBE {
+        return 0;
+    }
+    let t = now();
+    let cq: u64 = ctx.arg(0);
+    // SAFETY: the value is copied out before the entry is removed.
+    let start = unsafe { CQ_SCHEDULED.get(cq) }.copied();
+    if start.is_some() {
+        let _ = CQ_SCHEDULED.remove(cq);
+    }
+    nvme::round_started(cq, start.unwrap_or(0), t);
     if probe != NO_PROBE
         && let Some(r) = row(probe)
     {
-        let t = now();
-        let cq: u64 = ctx.arg(0);
         count_in(probe, r, C_EVENTS);
         let stat = ibcq_stat(cq);
         if let Some(s) = stat {
             ibcq_add(s, IBCQ_WAKEUPS, 1);
         }
-        // SAFETY: the value is copied out before the entry is removed.
-        match unsafe { CQ_SCHEDULED.get(cq) }.copied() {
+        match start {
             Some(start) => {
-                let _ = CQ_SCHEDULED.remove(cq);
                 let delay = t.saturating_sub(start);
                 record_in(r, delay);
                 if let Some(s) = stat {
@@ -613,8 +622,9 @@ pub fn ibcq_process(ctx: RawTracePointContext) -> i32 {
 /// One poll of the ib_cq API: TP_PROTO(struct ib_cq *cq, int requested, int rc).
 #[raw_tracepoint(tracepoint = "cq_poll")]
 pub fn ibcq_poll(ctx: RawTracePointContext) -> i32 {
+    let cq: u64 = ctx.arg(0);
+    nvme::cq_polled(cq);
     if config(&CQ_WAKEUP_PROBE) != NO_PROBE {
-        let cq: u64 = ctx.arg(0);
         let rc = ctx.arg::<u64>(2) as u32 as i32;
         if let Some(s) = ibcq_stat(cq) {
             ibcq_add(s, IBCQ_POLLS, 1);

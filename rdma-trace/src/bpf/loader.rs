@@ -262,6 +262,7 @@ impl Bpf {
                 .override_global("NAPI_PROBE", &plan.napi_probe, true)
                 .override_global("CQ_WAKEUP_PROBE", &plan.cq_wakeup_probe, true)
                 .override_global("CM_CONNECT_PROBE", &plan.cm_connect_probe, true)
+                .override_global("NVME_IO_PROBE", &plan.nvme_io_probe, true)
                 .override_global("INTERVAL_PROBE", &plan.interval_probe, true)
                 .override_global(crate::bpf::log::LEVEL_GLOBAL, &log_level, false)
         })?;
@@ -372,7 +373,8 @@ impl Bpf {
         });
         let napi = (plan.napi_probe != NO_PROBE)
             .then(|| self.attach_raw_tracepoints(&[("napi_poll", "napi_poll")]));
-        let cq_wakeup = (plan.cq_wakeup_probe != NO_PROBE).then(|| {
+        let ib_cq = plan.cq_wakeup_probe != NO_PROBE || plan.nvme_io_probe != NO_PROBE;
+        let cq_wakeup = ib_cq.then(|| {
             self.attach_raw_tracepoints(&[
                 ("ibcq_schedule", "cq_schedule"),
                 ("ibcq_reschedule", "cq_reschedule"),
@@ -388,6 +390,10 @@ impl Bpf {
                 ("cm_event_done", "cm_event_done"),
                 ("cm_id_destroy", "cm_id_destroy"),
             ])
+        });
+        let nvme_io = (plan.nvme_io_probe != NO_PROBE).then(|| match &cq_wakeup {
+            Some(o @ Outcome::Skipped(_)) => o.clone(),
+            _ => self.attach_nvme_io(),
         });
         let irq_map = plan.irq_map();
         let irq = (!irq_map.is_empty()).then(|| match self.fill_irq_map(&irq_map) {
@@ -434,6 +440,7 @@ impl Bpf {
                     Shape::Softirq { .. } => softirq.clone(),
                     Shape::NapiPoll => napi.clone(),
                     Shape::CqWakeup => cq_wakeup.clone(),
+                    Shape::NvmeIo => nvme_io.clone(),
                     Shape::CmConnect => cm_connect.clone(),
                     Shape::Irq { .. } => irq.clone(),
                     Shape::UserFunction { .. } => user.get(&p.id).cloned(),
@@ -551,6 +558,27 @@ impl Bpf {
             self.detached(&entry);
         }
         r
+    }
+
+    /// The NVMe I/O row's own programs (the ib_cq API's are attached already): its tracepoints
+    /// and the kprobes on nvme-rdma's post and the block layer's remote completion.
+    fn attach_nvme_io(&mut self) -> Outcome {
+        let tps = self.attach_raw_tracepoints(&[
+            ("nvme_setup_cmd", "nvme_setup_cmd"),
+            ("nvme_complete_rq", "nvme_complete_rq"),
+        ]);
+        if let Outcome::Skipped(_) = tps {
+            return tps;
+        }
+        for (prog, function) in [
+            ("nvme_post_send", "nvme_rdma_post_send"),
+            ("nvme_callback", "blk_mq_complete_request_remote"),
+        ] {
+            if let Err(e) = self.attach_kprobe(prog, function) {
+                return Outcome::Skipped(NotAttached::Refused(format!("{e:#}")));
+            }
+        }
+        tps
     }
 
     /// Attach programs to raw tracepoints, all or nothing as far as the outcome goes.

@@ -8,6 +8,7 @@
 //! * [`hist`]: the histograms as the eBPF side builds them, and what is read off them.
 //! * [`cma`]: rdma_cm's events by type, for the `rdma_cm connect` row.
 //! * [`ibcq`]: the kernel CQs the ib_cq API woke and polled, per CQ.
+//! * [`nvme`]: NVMe over RDMA host requests split into stages, for the `nvme io` row.
 //! * [`stats`]: the kernel's BPF run-time statistics per program.
 //! * [`calibrate`]: what each attach mechanism costs per hit, measured at start.
 //! * [`log`]: the programs' rare-event messages (aya-log).
@@ -22,6 +23,7 @@ pub mod hist;
 pub mod ibcq;
 pub mod loader;
 pub mod log;
+pub mod nvme;
 pub mod programs;
 pub mod session;
 pub mod stats;

@@ -348,6 +348,8 @@ pub struct Plan {
     pub cq_wakeup_probe: u32,
     /// The rdma_cm connection set-up row (`CM_CONNECT_PROBE`), or NO_PROBE.
     pub cm_connect_probe: u32,
+    /// The NVMe over RDMA I/O row (`NVME_IO_PROBE`), or NO_PROBE.
+    pub nvme_io_probe: u32,
     pub interval_probe: [u32; MAX_INTERVALS as usize],
 }
 
@@ -399,6 +401,7 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
         napi_probe: NO_PROBE,
         cq_wakeup_probe: NO_PROBE,
         cm_connect_probe: NO_PROBE,
+        nvme_io_probe: NO_PROBE,
         interval_probe: [NO_PROBE; MAX_INTERVALS as usize],
     };
     let mut intervals = 0u32;
@@ -444,6 +447,7 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
                 Shape::NapiPoll => plan.napi_probe = id,
                 Shape::CqWakeup => plan.cq_wakeup_probe = id,
                 Shape::CmConnect => plan.cm_connect_probe = id,
+                Shape::NvmeIo => plan.nvme_io_probe = id,
                 Shape::Irq { .. } | Shape::UserFunction { .. } => {}
             }
         }
@@ -558,6 +562,8 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
             .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
         Shape::CmConnect => tracepoint(facts, def, CM_CONNECT_EVENTS)
             .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
+        Shape::NvmeIo => tracepoint(facts, def, NVME_IO_EVENTS)
+            .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
         Shape::UserFunction { library, .. } => {
             if !opts.uprobes {
                 Decision::Skip(SkipReason::UprobesOptIn)
@@ -608,6 +614,16 @@ pub const CM_CONNECT_EVENTS: &[&str] = &[
     "rdma_cma:cm_event_handler",
     "rdma_cma:cm_event_done",
     "rdma_cma:cm_id_destroy",
+];
+
+/// The tracepoints of the NVMe I/O row ([`Shape::NvmeIo`]): nvme_core's, and the ib_cq API's
+/// for the poll rounds.
+pub const NVME_IO_EVENTS: &[&str] = &[
+    "nvme:nvme_setup_cmd",
+    "nvme:nvme_complete_rq",
+    "rdma_core:cq_schedule",
+    "rdma_core:cq_process",
+    "rdma_core:cq_poll",
 ];
 
 /// `Some(Skip)` when tracefs lists events and one of `events` is missing.

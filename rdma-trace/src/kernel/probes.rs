@@ -85,6 +85,10 @@ pub enum Shape {
     /// (`rdma_cma:cm_send_req`) or the passive side's CONNECT_REQUEST event → its ESTABLISHED
     /// event (`rdma_cma:cm_event_handler`) (ns); every CM event counted by type.
     CmConnect,
+    /// NVMe over RDMA host requests, issue (`nvme:nvme_setup_cmd`) → completed
+    /// (`nvme:nvme_complete_rq`) (ns), split into stages with `nvme_rdma_post_send`, the
+    /// ib_cq poll round and `blk_mq_complete_request_remote` (kprobes).
+    NvmeIo,
     /// Entry → return of a function in a shared library, in the watched processes (ns).
     UserFunction {
         library: &'static str,
@@ -401,6 +405,20 @@ pub const PROBES: &[ProbeDef] = &[
         methods: TRACEPOINT,
         zero_note: Some("no kernel consumer (NVMe-oF, NFS over RDMA, ...) took completions through the ib_cq API; user-space verbs never do"),
         module: Some("ib_core"),
+        since: None,
+        role: Role::Stage,
+        preset: Preset::Full,
+    },
+    // ---- generic: NVMe over RDMA, per host request (nvme-rdma): issue, the command's post, the
+    // poll round that found the response, the done callback, the completion.
+    ProbeDef {
+        name: Cow::Borrowed("nvme io"),
+        what: "an NVMe over RDMA host request, issued (nvme:nvme_setup_cmd) → completed (nvme:nvme_complete_rq), split at the command's post (nvme_rdma_post_send), its CQ's schedule and poll start (rdma_core) and its done callback (blk_mq_complete_request_remote); admin commands left out",
+        driver: Driver::Generic,
+        shape: Shape::NvmeIo,
+        methods: TRACEPOINT,
+        zero_note: Some("no NVMe over RDMA I/O completed in the window (nvme-rdma connected?)"),
+        module: Some("nvme_rdma"),
         since: None,
         role: Role::Stage,
         preset: Preset::Full,

@@ -229,6 +229,8 @@ pub fn mechanism_of(program: &str) -> &'static str {
         "task_newtask",
     ];
     const RAW_TPS: &[&str] = &["wf_mlx5_irq"];
+    // The NVMe I/O row's kprobes (its tracepoints are raw_tp).
+    const KPROBES: &[&str] = &["nvme_post_send", "nvme_callback"];
     // The calibration's empty programs are named after their mechanism.
     if let Some(m) = program.strip_prefix("cal_") {
         return match m {
@@ -239,7 +241,7 @@ pub fn mechanism_of(program: &str) -> &'static str {
             _ => "raw_tp",
         };
     }
-    if program.starts_with("kentry_") || program.starts_with("cq_") {
+    if program.starts_with("kentry_") || program.starts_with("cq_") || KPROBES.contains(&program) {
         "kprobe"
     } else if program.starts_with("kreturn_") || KRETPROBES.contains(&program) {
         "kretprobe"

@@ -48,6 +48,13 @@ pub fn attach(
             Err(e) => eprintln!("rdma-trace: kernel CQs are counted without labels: {e:#}"),
         }
     }
+    // The NVMe I/O row tells block I/O from admin commands by `struct request`'s cmd_flags.
+    if defs.iter().any(|d| d.shape == Shape::NvmeIo) {
+        match waterfall::nvme_io_globals(kernel.root()) {
+            Ok(globals) => config.globals.extend(globals),
+            Err(e) => eprintln!("rdma-trace: NVMe admin commands are split with the I/O: {e:#}"),
+        }
+    }
     let mut session = Session::start_with(
         kernel,
         &defs,

@@ -155,6 +155,7 @@ pub async fn run(args: &RunConfig, spec: &DemoLoad) -> Result<Option<i32>> {
             probes,
             cqs: Vec::new(),
             rdma_cm: None,
+            nvme: None,
             processes: Vec::new(),
             overhead,
             dropped,

@@ -332,6 +332,7 @@ mod tests {
             probes,
             cqs: Vec::new(),
             rdma_cm: None,
+            nvme: None,
             processes: Vec::new(),
             overhead: Overhead::between("bpf_enable_stats", &[], &[], u, u),
             dropped: Vec::new(),

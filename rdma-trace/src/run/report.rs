@@ -143,6 +143,9 @@ pub struct Phase {
     /// The rdma_cm events of this phase, by type (the `rdma_cm connect` row's; `null` when
     /// none came, and in the demo's phases, which connect without rdma_cm).
     pub rdma_cm: Option<crate::bpf::cma::CmReport>,
+    /// The NVMe over RDMA host requests of this phase, split into stages (the `nvme io` row,
+    /// full preset; `null` when none completed, and in the demo's phases).
+    pub nvme: Option<crate::bpf::nvme::NvmeReport>,
     /// The traced processes and their counts (the demo's phases: empty).
     pub processes: Vec<ProcessReport>,
     /// What tracing cost during this phase.

@@ -14,7 +14,7 @@ use super::{
 };
 use crate::bpf::loader::check_privileges;
 use crate::{
-    bpf::{cma, ibcq, session::Session},
+    bpf::{cma, ibcq, nvme, session::Session},
     error::Usage,
     kernel::facts::Kernel,
     load::workload::{self, Extra, ProcessCounts, Target},
@@ -103,6 +103,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
     let procs_before = workload::read_processes(session.bpf().ebpf())?;
     let cqs_before = ibcq::read(session.bpf().ebpf())?;
     let cm_before = cma::read(session.bpf().ebpf())?;
+    let nvme_before = nvme::read(session.bpf().ebpf())?;
     let base = Baseline::new(&session, wf.as_ref().zip(wf_before.clone()))?;
     let mut live = args.live_view();
     let (mut child, held) = match &target {
@@ -114,7 +115,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         }
         _ => (None, None),
     };
-    let (window, probes, overhead, wf_window, stalls, procs_after, cqs, rdma_cm) = {
+    let (window, probes, overhead, wf_window, stalls, procs_after, cqs, rdma_cm, nvme_io) = {
         let mut src = WorkloadSource {
             session: &session,
             label: label.clone(),
@@ -133,6 +134,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         let procs_after = workload::read_processes(session.bpf().ebpf())?;
         let cqs = ibcq::reports(&ibcq::read(session.bpf().ebpf())?, &cqs_before);
         let rdma_cm = cma::report(&cma::read(session.bpf().ebpf())?, &cm_before);
+        let nvme_io = nvme::report(&nvme::read(session.bpf().ebpf())?, &nvme_before);
         let data = delta(&after, &before);
         let probes = probe_reports(&session, &data, window.seconds);
         (
@@ -144,6 +146,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
             procs_after,
             cqs,
             rdma_cm,
+            nvme_io,
         )
     };
     let interrupted = if window.ended_by != "quit" && !window.interrupted() {
@@ -203,6 +206,7 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         probes,
         cqs,
         rdma_cm,
+        nvme: nvme_io,
         processes,
         overhead,
         dropped: Vec::new(),
@@ -235,7 +239,8 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         },
         render_processes(&phase.processes, &target),
     ) + &render_cqs(&phase.cqs)
-        + &cma::render(phase.rdma_cm.as_ref());
+        + &cma::render(phase.rdma_cm.as_ref())
+        + &nvme::render(phase.nvme.as_ref());
     let mut text = report_text.phase(true, &title, &load_text, &budget, &phase);
     if let Some(s) = &timeline {
         text.push_str(&format!("{}\n", super::timeline::summary_line(s)));

@@ -146,6 +146,18 @@ pub fn ib_cq_label_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
     .collect())
 }
 
+/// The NVMe I/O row's global: where `cmd_flags` is in `struct request` (vmlinux BTF), to leave
+/// the admin queue's passthrough commands out.
+pub fn nvme_io_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
+    let path = root.join("sys/kernel/btf/vmlinux");
+    let raw = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let base = Btf::parse(&raw, None).context("parsing vmlinux BTF")?;
+    Ok(vec![(
+        "NVME_OFF_CMD_FLAGS",
+        base.member_offset("request", "cmd_flags")?,
+    )])
+}
+
 /// Why ib_uverbs' BTF (`dir/ib_uverbs`) could not be read (`e`): the module is not loaded, or the
 /// kernel has no module BTF at all (CONFIG_DEBUG_INFO_BTF_MODULES came in Linux 5.11: 5.10 has
 /// only vmlinux's), or something else.

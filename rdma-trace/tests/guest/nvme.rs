@@ -25,6 +25,10 @@ const NVMET: &str = "/sys/kernel/config/nvmet";
 const PORT: &str = "1";
 /// The target's block device (null_blk's first device).
 const NULLB: &str = "nullb0";
+/// The target's slow block device of [`NvmeOverRdma::with_slow_namespace`]: a null_blk device
+/// made through configfs that completes each request from a timer.
+const SLOW_NULLB: &str = "nullb1";
+const NULLB_CONFIGFS: &str = "/sys/kernel/config/nullb";
 
 /// The block counters of `/sys/block/<dev>/stat`: (reads completed, sectors read).
 fn block_reads(dev: &str) -> (u64, u64) {
@@ -35,6 +39,41 @@ fn block_reads(dev: &str) -> (u64, u64) {
         .map(|v| v.parse().expect("a counter"))
         .collect();
     (f[0], f[2])
+}
+
+/// The host disk's (reads completed, ms spent reading) from `/sys/block/<dev>/stat`: blk-mq
+/// times each read from its request's allocation to its completion in ns and prints the sum in
+/// ms. With native multipath (Debian's kernels) the namespace's disk `nvme<S>n<N>` is a
+/// bio-based head that times nothing (its `queue/iostats` is 0); its requests are those of the
+/// path disk `nvme<S>c<C>n<N>`, whose blk-mq queue times them: that stat is read.
+fn read_time(disk: &str) -> (u64, u64) {
+    let (subsys, ns) = disk
+        .strip_prefix("nvme")
+        .and_then(|r| r.split_once('n'))
+        .unwrap_or_else(|| panic!("{disk} is not an NVMe namespace disk"));
+    let paths: Vec<String> = std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| {
+            name.strip_prefix(&format!("nvme{subsys}c"))
+                .and_then(|r| r.split_once('n'))
+                .is_some_and(|(c, n)| c.bytes().all(|b| b.is_ascii_digit()) && n == ns)
+        })
+        .collect();
+    let dev = match paths.as_slice() {
+        [] => disk.to_string(),
+        [path] => path.clone(),
+        more => panic!("{disk} has several paths, the test bed connects one: {more:?}"),
+    };
+    let path = format!("/sys/block/{dev}/stat");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let f: Vec<u64> = text
+        .split_whitespace()
+        .map(|v| v.parse().expect("a counter"))
+        .collect();
+    eprintln!("nvme: {disk}'s reads as {dev} times them: {:?}", &f[..4]);
+    (f[0], f[3])
 }
 
 /// [`block_reads`] once they have stopped changing for a second: the host's own reads of a
@@ -63,12 +102,24 @@ fn settled_reads(dev: &str) -> (u64, u64) {
 /// to it (nvme-rdma via rxe1). Dropping it disconnects and removes the target, also when the
 /// test fails; the modules stay loaded.
 struct NvmeOverRdma {
-    /// The host's namespace block device (`nvme0n1`).
+    /// The host's block device of namespace 1 (`nvme0n1`).
     disk: String,
+    /// The host's block device of namespace 2, the slow one, when there is one.
+    slow_disk: Option<String>,
 }
 
 impl NvmeOverRdma {
     fn connect() -> Self {
+        Self::connect_with(None)
+    }
+
+    /// [`NvmeOverRdma::connect`] with a second namespace, backed by [`SLOW_NULLB`], whose
+    /// null_blk completes every request `delay_ns` after it arrives (irqmode=2, a timer).
+    fn with_slow_namespace(delay_ns: u64) -> Self {
+        Self::connect_with(Some(delay_ns))
+    }
+
+    fn connect_with(slow_ns: Option<u64>) -> Self {
         load_consumer("null_blk", &["nr_devices=1"]);
         load_consumer("nvmet_rdma", &[]);
         load_consumer("nvme_rdma", &[]);
@@ -80,6 +131,7 @@ impl NvmeOverRdma {
         // From here on the guard removes whatever was made, whatever fails next.
         let mut guard = NvmeOverRdma {
             disk: String::new(),
+            slow_disk: None,
         };
         let subsys = format!("{NVMET}/subsystems/{NQN}");
         let ns = format!("{subsys}/namespaces/1");
@@ -89,6 +141,28 @@ impl NvmeOverRdma {
         std::fs::create_dir(&ns).unwrap_or_else(|e| panic!("mkdir {ns}: {e}"));
         write(&format!("{ns}/device_path"), &format!("/dev/{NULLB}"));
         write(&format!("{ns}/enable"), "1");
+        if let Some(delay_ns) = slow_ns {
+            let dev = format!("{NULLB_CONFIGFS}/{SLOW_NULLB}");
+            std::fs::create_dir(&dev).unwrap_or_else(|e| panic!("mkdir {dev}: {e}"));
+            for (attr, value) in [
+                ("size", "64".to_string()),
+                ("irqmode", "2".to_string()),
+                ("completion_nsec", delay_ns.to_string()),
+                ("power", "1".to_string()),
+            ] {
+                write(&format!("{dev}/{attr}"), &value);
+            }
+            // Before Linux 6.8 null_blk names the disk by its index (the next free one after
+            // the module's nullb0), since then by the configfs directory: nullb1 either way.
+            assert!(
+                Path::new("/dev").join(SLOW_NULLB).exists(),
+                "null_blk's configfs device did not appear as /dev/{SLOW_NULLB}"
+            );
+            let ns2 = format!("{subsys}/namespaces/2");
+            std::fs::create_dir(&ns2).unwrap_or_else(|e| panic!("mkdir {ns2}: {e}"));
+            write(&format!("{ns2}/device_path"), &format!("/dev/{SLOW_NULLB}"));
+            write(&format!("{ns2}/enable"), "1");
+        }
         std::fs::create_dir(&port).unwrap_or_else(|e| panic!("mkdir {port}: {e}"));
         write(&format!("{port}/addr_trtype"), "rdma");
         write(&format!("{port}/addr_adrfam"), "ipv4");
@@ -114,7 +188,8 @@ impl NvmeOverRdma {
             "--hostid",
             HOST_ID,
         ]));
-        guard.disk = wait_for_namespace();
+        guard.disk = wait_for_namespace(1);
+        guard.slow_disk = slow_ns.map(|_| wait_for_namespace(2));
         guard
     }
 }
@@ -122,8 +197,8 @@ impl NvmeOverRdma {
 /// The host's block device of the subsystem's namespace, once the host has scanned it (the
 /// scan runs after `nvme connect` returns). With native multipath the disk's `device` is the
 /// subsystem, without it the controller: both carry `subsysnqn`; the multipath's path disks
-/// (`nvme0c0n1`) carry it too, but take no I/O of their own.
-fn wait_for_namespace() -> String {
+/// (`nvme0c0n1`) carry it too, but have no device node: I/O goes through the head.
+fn wait_for_namespace(nsid: u32) -> String {
     let start = Instant::now();
     loop {
         let found = std::fs::read_dir("/sys/block")
@@ -136,13 +211,15 @@ fn wait_for_namespace() -> String {
             .find(|name| {
                 std::fs::read_to_string(format!("/sys/block/{name}/device/subsysnqn"))
                     .is_ok_and(|n| n.trim() == NQN)
+                    && std::fs::read_to_string(format!("/sys/block/{name}/nsid"))
+                        .is_ok_and(|n| n.trim() == nsid.to_string())
             });
         if let Some(disk) = found {
             return disk;
         }
         assert!(
             start.elapsed() < Duration::from_secs(20),
-            "no namespace of {NQN} appeared within 20 s"
+            "namespace {nsid} of {NQN} did not appear within 20 s"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -159,9 +236,14 @@ fn tear_down() {
     let port = format!("{NVMET}/ports/{PORT}");
     let _ = std::fs::remove_file(format!("{port}/subsystems/{NQN}"));
     let _ = std::fs::remove_dir(&port);
-    let _ = std::fs::write(format!("{ns}/enable"), "0");
-    let _ = std::fs::remove_dir(&ns);
+    for ns in [ns, format!("{subsys}/namespaces/2")] {
+        let _ = std::fs::write(format!("{ns}/enable"), "0");
+        let _ = std::fs::remove_dir(&ns);
+    }
     let _ = std::fs::remove_dir(&subsys);
+    let slow = format!("{NULLB_CONFIGFS}/{SLOW_NULLB}");
+    let _ = std::fs::write(format!("{slow}/power"), "0");
+    let _ = std::fs::remove_dir(&slow);
 }
 
 impl Drop for NvmeOverRdma {
@@ -306,6 +388,7 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
     const N: u64 = 2000;
     let nvme = NvmeOverRdma::connect();
     let (reads0, sectors0) = settled_reads(NULLB);
+    let host0 = read_time(&nvme.disk);
     let events = CqEvents::start();
     let out = run_json(
         &[
@@ -325,6 +408,7 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
     );
     out.assert_success("rdma-trace run -- dd of the NVMe over RDMA namespace");
     let (reads1, sectors1) = block_reads(NULLB);
+    let host1 = read_time(&nvme.disk);
     let kernel = events.stop();
     let (kernel_polls, kernel_returned, recorded) = (kernel.polls, kernel.returned, kernel.seconds);
     assert!(
@@ -443,9 +527,219 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
         completions.abs_diff(posted) <= 16,
         "the CQs' polls returned {completions} completions, rxe posted {posted} CQEs in the window"
     );
+    check_io_split(phase, N, (host1.0 - host0.0, host1.1 - host0.1));
     drop(nvme);
     assert!(
         !Path::new(&format!("{NVMET}/subsystems/{NQN}")).exists(),
         "the target's subsystem outlived the test"
     );
 }
+
+/// The `nvme io` row's split of dd's `n` reads. Independent truths: dd's count; the host disk's
+/// own account of the same reads (`reads`, and `ms` spent reading, which the block layer times
+/// from a little before nvme_setup_cmd to a little after nvme_complete_rq); and the order in
+/// which nvme-rdma does things at queue depth 1: every read is posted, and every one completes
+/// through its done callback.
+fn check_io_split(phase: &serde_json::Value, n: u64, (reads, ms): (u64, u64)) {
+    let io = &phase["nvme"];
+    eprintln!("nvme: io split {io}; host disk: {reads} reads, {ms} ms");
+    assert_eq!(reads, n, "the host disk counted dd's {n} reads");
+    assert_eq!(
+        io["reads"], n,
+        "the split counts dd's reads, and no admin command: {io}"
+    );
+    assert_eq!(io["writes"], 0, "{io}");
+    for key in ["unsent", "lost", "issued_before"] {
+        assert_eq!(
+            io[key], 0,
+            "{key}: every read of the window was stamped whole: {io}"
+        );
+    }
+    // The callback's kprobe fires in the CQ's softirq, which can run on the exit of an
+    // interrupt taken while another of our kprobes' handlers runs on that CPU: the kernel then
+    // skips the nested kprobe (kprobe re-entry), and the read is counted without its callback
+    // (a few in a thousand under TCG). Counted, and rare; where the kernel counts kprobe
+    // misses (Linux 6.7), each one is a miss of the callback's kprobe.
+    let no_callback = io["no_callback"].as_u64().expect("no_callback");
+    assert!(
+        no_callback <= (n / 100).max(1),
+        "{no_callback} of {n} reads without their callback: {io}"
+    );
+    let misses = &phase["losses"]["kprobe_misses"];
+    eprintln!("nvme: {no_callback} reads without their callback; kprobe misses {misses}");
+    if !misses.is_null() {
+        let missed = misses["nvme_callback"].as_u64().unwrap_or(0);
+        assert!(
+            no_callback <= missed,
+            "{no_callback} reads without their callback, but the kernel missed its kprobe {missed} times: {misses}"
+        );
+    }
+    let stage = |name: &str| {
+        io["stages"]
+            .as_array()
+            .expect("stages")
+            .iter()
+            .find(|s| s["stage"] == name)
+            .unwrap_or_else(|| panic!("no stage {name}: {io}"))
+            .clone()
+    };
+    let total = stage("issue → completed");
+    assert_eq!(total["count"], n, "{total}");
+    // The disk's span holds the split's (the request is allocated before nvme_setup_cmd and
+    // accounted after nvme_complete_rq), and the difference is the block layer's own work, a
+    // small part of each read's time.
+    let total_ms = total["sum_ns"].as_u64().expect("sum_ns") as f64 / 1e6;
+    assert!(
+        total_ms <= ms as f64 + 1.0 && total_ms >= 0.7 * ms as f64,
+        "issue → completed sums {total_ms:.1} ms over the {n} reads, the host disk's read time {ms} ms"
+    );
+    // Each read is split either through a poll round of its own or as sent → callback.
+    let split = stage("sent → CQ scheduled")["count"]
+        .as_u64()
+        .expect("count");
+    let joined = stage("sent → callback (no poll round of its own)")["count"]
+        .as_u64()
+        .expect("count");
+    assert_eq!(
+        split + joined + no_callback,
+        n,
+        "every read with a callback split: {io}"
+    );
+    assert_eq!(stage("issue → sent")["count"], n, "{io}");
+    assert_eq!(
+        stage("callback → completed")["count"],
+        n - no_callback,
+        "{io}"
+    );
+}
+
+/// `rdma-trace run --probes full -- dd` of `n` direct 4 KiB reads of `disk`: the run's one
+/// phase.
+fn traced_reads(disk: &str, n: u64, name: &str) -> serde_json::Value {
+    let out = run_json(
+        &[
+            "run",
+            "--no-tui",
+            "--probes",
+            "full",
+            "--",
+            "dd",
+            &format!("if=/dev/{disk}"),
+            "of=/dev/null",
+            "bs=4k",
+            &format!("count={n}"),
+            "iflag=direct",
+        ],
+        name,
+    );
+    out.assert_success(&format!("rdma-trace run -- dd of {disk}"));
+    assert!(
+        out.stderr.contains(&format!("{n}+0 records in")),
+        "dd did not read {n} blocks of {disk}: {}",
+        out.stderr
+    );
+    let phases = out.report["phases"].as_array().expect("phases");
+    assert_eq!(phases.len(), 1, "a -- CMD run has one window");
+    let phase = phases[0].clone();
+    eprintln!(
+        "nvme: {name}: programs {:?} {:?} {:?} {:?}",
+        program_runs(&phase, "nvme_setup_cmd"),
+        program_runs(&phase, "nvme_rdma_post_send"),
+        program_runs(&phase, "blk_mq_complete_request_remote"),
+        program_runs(&phase, "nvme_complete_rq"),
+    );
+    phase
+}
+
+/// The mean of the `nvme io` stage `name` (ns) over its `count` requests.
+fn stage_mean(phase: &serde_json::Value, name: &str) -> f64 {
+    let io = &phase["nvme"];
+    let stage = io["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .find(|s| s["stage"] == name)
+        .unwrap_or_else(|| panic!("no stage {name}: {io}"));
+    stage["mean_ns"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("stage {name} has no mean: {io}"))
+}
+
+/// A known cause, injected: the target's namespace 2 is a null_blk device that completes each
+/// read 2 ms after it arrives (a timer), namespace 1 one that completes it at once. Between
+/// the command's post and the CQ's schedule lie the wire, the target and the response's
+/// CQE, so the added time must land in "sent → CQ scheduled" and in no other stage of the
+/// host's split. Independent truths: the injected delay, and the target's own block layer,
+/// whose read time per request (`/sys/block/nullb*/stat`) measures what the target's disk
+/// added, apart from the host and from rdma-trace.
+#[test]
+fn nvme_io_split_puts_a_slow_targets_time_before_the_cq_schedule() {
+    const N: u64 = 400;
+    const DELAY_NS: u64 = 2_000_000;
+    let nvme = NvmeOverRdma::with_slow_namespace(DELAY_NS);
+    let slow_disk = nvme.slow_disk.clone().expect("namespace 2");
+    let mut split = Vec::new();
+    for (disk, target, name) in [
+        (&nvme.disk, NULLB, "nvme-fast"),
+        (&slow_disk, SLOW_NULLB, "nvme-slow"),
+    ] {
+        let before = settled_reads(target);
+        let t0 = std::fs::read_to_string(format!("/sys/block/{target}/stat")).expect("stat");
+        let host0 = read_time(disk);
+        let phase = traced_reads(disk, N, name);
+        let host1 = read_time(disk);
+        check_io_split(&phase, N, (host1.0 - host0.0, host1.1 - host0.1));
+        let t1 = std::fs::read_to_string(format!("/sys/block/{target}/stat")).expect("stat");
+        let ms = |t: &str| -> u64 {
+            t.split_whitespace()
+                .nth(3)
+                .expect("field 4")
+                .parse()
+                .expect("ms")
+        };
+        assert_eq!(
+            block_reads(target).0 - before.0,
+            N,
+            "the target's {target} served dd's {N} reads"
+        );
+        assert_eq!(phase["nvme"]["reads"], N, "{}", phase["nvme"]);
+        let target_ns = (ms(&t1) - ms(&t0)) as f64 * 1e6 / N as f64;
+        let stages: Vec<(&str, f64)> = STAGES.iter().map(|&s| (s, stage_mean(&phase, s))).collect();
+        eprintln!("nvme: {name}: target disk {target_ns:.0} ns per read; stages {stages:?}");
+        split.push((target_ns, stages));
+    }
+    let (fast, slow) = (&split[0], &split[1]);
+    let target_added = slow.0 - fast.0;
+    assert!(
+        target_added >= 0.9 * DELAY_NS as f64,
+        "the slow target's disk added {target_added:.0} ns per read, its null_blk {DELAY_NS}"
+    );
+    for ((stage, f), (_, s)) in fast.1.iter().zip(&slow.1) {
+        let added = s - f;
+        if *stage == "sent → CQ scheduled" {
+            // At least what the target's disk added; somewhat more, as the target and the
+            // wire wake from the idle the slow disk leaves them in (0.4 ms more per read
+            // under TCG, on both kernels).
+            assert!(
+                added >= target_added - 0.1 * DELAY_NS as f64
+                    && added <= target_added + 0.5 * DELAY_NS as f64,
+                "{stage} grew by {added:.0} ns per read, the target's disk by {target_added:.0}"
+            );
+        } else {
+            assert!(
+                added.abs() <= 0.15 * DELAY_NS as f64,
+                "{stage} changed by {added:.0} ns per read with a target {target_added:.0} ns slower: the added time belongs before the CQ's schedule"
+            );
+        }
+    }
+    drop(nvme);
+}
+
+/// The stages of a read that a poll round of its own completed (all of them at queue depth 1).
+const STAGES: &[&str] = &[
+    "issue → sent",
+    "sent → CQ scheduled",
+    "CQ scheduled → poll started",
+    "poll started → callback",
+    "callback → completed",
+];
