@@ -104,7 +104,47 @@ pub const L_SAMPLES: u32 = 6;
 pub const L_RETURN_MISSED: u32 = 7;
 /// Loss counter: threads whose slot was forgotten (`WF_SLOT_OF` is LRU) and found again.
 pub const L_SLOT_REFOUND: u32 = 8;
-pub const NR_LOSSES: u32 = 9;
+/// Loss counter: events left out of their CQ's row ([`WfCqRow`]) because the map of
+/// (process, CQ) rows (`WF_CQ_ROWS`, [`WF_CQ_ROWS`] entries) was full.
+pub const L_CQ_ROW_NOT_STORED: u32 = 9;
+pub const NR_LOSSES: u32 = 10;
+
+/// (process, CQ) rows at most: the per-CQ split of each process's waterfall.
+pub const WF_CQ_ROWS: u32 = 1024;
+
+/// The sums a [`WfCqRow`] keeps, per stage: T0→T1 (events with a driver stamp), T1→T2, T2→T3,
+/// T3→T4 (woken events), T1→T4 of the already-awake events and T1→T4 of every event, in ns.
+pub const CQ_SUMS: usize = 6;
+
+/// The key of a (process, CQ) row: the CQ's `struct ib_cq *` and the reading process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WfCqKey {
+    pub cq: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+/// The completion events one process read of one CQ (per CPU), with the CQ's labels, read on
+/// the row's first event (on that CPU's value only: the others stay unlabelled).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WfCqRow {
+    /// The CQ's restrack id (`rdma res show cq`'s `cqn`), [`NO_ID`] when not known.
+    pub res_id: u32,
+    /// 1 when this value carries the labels.
+    pub labelled: u32,
+    /// The CQ's device name, NUL-padded (cut at 16 bytes); empty when not known.
+    pub device: [u8; 16],
+    pub events: u64,
+    pub woken: u64,
+    /// Events with a driver stamp (T0).
+    pub driver_events: u64,
+    /// Events whose T2 or T3 had to be clamped.
+    pub clamped: u64,
+    /// The stage sums (see [`CQ_SUMS`]).
+    pub sums: [u64; CQ_SUMS],
+}
 
 /// Per thread slot and CPU: counters, placement classes and the CPUs of the stages.
 #[repr(C)]
@@ -288,6 +328,8 @@ pub struct WfQueue {
     pub buf: u64,
     /// When a read last returned one of its events.
     pub read_at: u64,
+    /// Each slot's CQ (the handler's `struct ib_cq *`): a channel may serve several CQs.
+    pub cqs: [u64; WF_QUEUE_LEN as usize],
     /// T2 and T3 of the last event read whose reader was woken by its handler.
     pub woken_at: u64,
     pub on_cpu_at: u64,
@@ -379,6 +421,10 @@ pub struct WfConfig {
     /// thread switched out to sleep whose wake-up is already under way reads TASK_WAKING or
     /// RUNNING there (0: unknown).
     pub task_state: u32,
+    /// `struct ib_cq`'s `device` (its first member: 0) and `struct ib_device`'s `name`, for
+    /// the CQ rows' labels (`dev_name` 0: unknown).
+    pub cq_device: u32,
+    pub dev_name: u32,
 }
 
 impl WfConfig {
@@ -398,6 +444,8 @@ impl WfConfig {
         buf_producer: 0,
         buf_consumer: 0,
         task_state: 0,
+        cq_device: 0,
+        dev_name: 0,
     };
 }
 
@@ -422,6 +470,10 @@ mod user {
     unsafe impl aya::Pod for super::WfWake {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::WfRunnable {}
+    // SAFETY: see above (the key's padding is an explicit field, written as 0).
+    unsafe impl aya::Pod for super::WfCqKey {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::WfCqRow {}
 }
 
 #[cfg(test)]
@@ -436,7 +488,9 @@ mod tests {
             8 * (NR_WCOUNTERS + NR_CLASSES + 3 * WF_CPUS + NR_LOSSES) as usize
         );
         assert_eq!(core::mem::size_of::<WfSample>(), 5 * 8 + 8 * 4);
-        assert_eq!(core::mem::size_of::<WfConfig>(), 64);
+        assert_eq!(core::mem::size_of::<WfConfig>(), 72);
+        assert_eq!(core::mem::size_of::<WfCqKey>(), 16);
+        assert_eq!(core::mem::size_of::<WfCqRow>(), 24 + 8 * (4 + CQ_SUMS));
         assert_eq!(
             core::mem::size_of::<WfRunnable>(),
             8 * (4 + 4 * WF_RUNNABLE_LEN as usize)
@@ -444,7 +498,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<WfCq>(), 56);
         assert_eq!(
             core::mem::size_of::<WfQueue>(),
-            8 * (8 + 4 * WF_QUEUE_LEN as usize)
+            8 * (8 + 5 * WF_QUEUE_LEN as usize)
         );
         assert_eq!(core::mem::size_of::<WfReading>(), 32);
         assert_eq!(core::mem::size_of::<WfWake>(), 40);

@@ -30,19 +30,20 @@ use aya_ebpf::{
         bpf_get_smp_processor_id, bpf_probe_read_kernel,
     },
     macros::{kprobe, kretprobe, map, raw_tracepoint, tracepoint},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
 };
 use rdma_trace_common::{
     HIST_SLOTS, hist_slot,
     waterfall::{
-        CLASS_UNKNOWN, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED,
-        L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED, L_SAMPLES, L_SLOT_NOT_STORED,
-        L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED, SF_NO_SWITCH, SF_WOKEN, W_AWAKE,
-        W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM,
-        W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_CPUS,
-        WF_NHIST, WF_QUEUE_LEN, WF_RUNNABLE_LEN, WF_THREADS, WfConfig, WfCounts, WfCq, WfHist,
-        WfQueue as Queue, WfReading as Reading, WfRunnable, WfSample, WfThread, WfWake as Wake,
+        CLASS_UNKNOWN, CQ_SUMS, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE,
+        L_CLAMPED, L_CQ_ROW_NOT_STORED, L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED,
+        L_SAMPLES, L_SLOT_NOT_STORED, L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED,
+        SF_NO_SWITCH, SF_WOKEN, W_AWAKE, W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM,
+        W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH,
+        W_SUM, W_UNMATCHED, W_WOKEN, WF_CPUS, WF_CQ_ROWS, WF_NHIST, WF_QUEUE_LEN, WF_RUNNABLE_LEN,
+        WF_THREADS, WfConfig, WfCounts, WfCq, WfCqKey, WfCqRow, WfHist, WfQueue as Queue,
+        WfReading as Reading, WfRunnable, WfSample, WfThread, WfWake as Wake,
     },
 };
 
@@ -121,6 +122,13 @@ static WF_CLASS: Array<u32> = Array::with_max_entries(WF_CPUS * WF_CPUS, 0);
 /// Per-event samples (`--sample N`; the loader sizes the ring).
 #[map]
 static WF_SAMPLES: RingBuf = RingBuf::with_byte_size(4096, 0);
+/// (reading process, CQ) → the events it read of that CQ: the waterfall per CQ.
+#[map]
+static WF_CQ_ROWS_MAP: PerCpuHashMap<WfCqKey, WfCqRow> =
+    PerCpuHashMap::with_max_entries(WF_CQ_ROWS, 0);
+/// All zero: a new CQ row before its labels.
+#[map]
+static WF_CQ_ROW_ZERO: PerCpuArray<WfCqRow> = PerCpuArray::with_max_entries(1, 0);
 /// Samples emitted on this CPU.
 #[map]
 static WF_SAMPLED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
@@ -301,16 +309,18 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
     // so overwriting an unread one would pair this channel's next reads with the wrong events.
     let i = (event & QMASK) as usize;
     if event.saturating_sub(q.head) < WF_QUEUE_LEN as u64 {
-        if let (Some(a), Some(b), Some(c), Some(n)) = (
+        if let (Some(a), Some(b), Some(c), Some(n), Some(k)) = (
             q.t0.get_mut(i),
             q.t1.get_mut(i),
             q.cpu.get_mut(i),
             q.seq.get_mut(i),
+            q.cqs.get_mut(i),
         ) {
             *a = t0;
             *b = t1;
             *c = u64::from(cpu());
             *n = event + 1;
+            *k = cq;
         }
     } else {
         count_global(W_DROPPED);
@@ -661,9 +671,13 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
     let i = (event & QMASK) as usize;
     // The slot is read before `head` moves: a handler on another CPU may keep its next event
     // in this slot as soon as it has.
-    let (Some(&t0), Some(&t1), Some(&cpu1), Some(&seq)) =
-        (q.t0.get(i), q.t1.get(i), q.cpu.get(i), q.seq.get(i))
-    else {
+    let (Some(&t0), Some(&t1), Some(&cpu1), Some(&seq), Some(&event_cq)) = (
+        q.t0.get(i),
+        q.t1.get(i),
+        q.cpu.get(i),
+        q.seq.get(i),
+        q.cqs.get(i),
+    ) else {
         return 0;
     };
     q.head = event + 1;
@@ -723,7 +737,99 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
         (0, 0, false)
     };
     record(slot, &s, runnable);
+    cq_row(slot, event_cq, &s);
     0
+}
+
+/// Adds event `s` to its CQ's row of the reading process, made (with the CQ's labels) on its
+/// first event; a full map is counted in the reader's slot.
+#[inline(always)]
+fn cq_row(slot: u32, cq: u64, s: &WfSample) {
+    if cq == 0 {
+        return;
+    }
+    let key = WfCqKey {
+        cq,
+        tgid: s.tgid,
+        _pad: 0,
+    };
+    let row = match WF_CQ_ROWS_MAP.get_ptr_mut(key) {
+        Some(r) => r,
+        None => {
+            let Some(zero) = WF_CQ_ROW_ZERO.get_ptr(0) else {
+                return;
+            };
+            #[allow(
+                clippy::needless_borrows_for_generic_args,
+                reason = "by value, the row would be copied onto the BPF stack"
+            )]
+            // SAFETY: a map value pointer, valid for the call; never written.
+            if WF_CQ_ROWS_MAP
+                .insert(key, unsafe { &*zero }, BPF_NOEXIST)
+                .is_err()
+                && WF_CQ_ROWS_MAP.get_ptr_mut(key).is_none()
+            {
+                lose(slot, L_CQ_ROW_NOT_STORED);
+                return;
+            }
+            let Some(r) = WF_CQ_ROWS_MAP.get_ptr_mut(key) else {
+                lose(slot, L_CQ_ROW_NOT_STORED);
+                return;
+            };
+            label_cq_row(r, cq);
+            r
+        }
+    };
+    // SAFETY: this CPU's value of a per-CPU hash map; programs do not re-enter on one CPU.
+    let row = unsafe { &mut *row };
+    row.events += 1;
+    let mut add = |i: usize, v: u64| {
+        if let Some(x) = row.sums.get_mut(i) {
+            *x += v;
+        }
+    };
+    if s.t0 != 0 && s.t0 <= s.t1 {
+        add(0, s.t1 - s.t0);
+    }
+    if s.flags & SF_WOKEN != 0 {
+        add(1, s.t2 - s.t1);
+        add(2, s.t3 - s.t2);
+        add(3, s.t4 - s.t3);
+    } else {
+        add(4, s.t4.saturating_sub(s.t1));
+    }
+    add(CQ_SUMS - 1, s.t4.saturating_sub(s.t1));
+    if s.t0 != 0 && s.t0 <= s.t1 {
+        row.driver_events += 1;
+    }
+    if s.flags & SF_WOKEN != 0 {
+        row.woken += 1;
+    }
+    if s.flags & SF_CLAMPED != 0 {
+        row.clamped += 1;
+    }
+}
+
+/// The CQ's restrack id and device name, into this CPU's value of its new row.
+#[inline(always)]
+fn label_cq_row(r: *mut WfCqRow, cq: u64) {
+    let cfg = config(&WF_CONFIG);
+    // SAFETY: this CPU's value of a per-CPU hash map, just made.
+    let r = unsafe { &mut *r };
+    r.res_id = res_id(cq);
+    r.labelled = 1;
+    // `device` is `struct ib_cq`'s first member (offset 0): the name's offset tells known.
+    if cfg.dev_name == 0 {
+        return;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address; a bad one gives an error, not a fault.
+    let dev: u64 = unsafe { bpf_probe_read_kernel((cq + u64::from(cfg.cq_device)) as *const u64) }
+        .unwrap_or(0);
+    if dev != 0 {
+        let name = (dev + u64::from(cfg.dev_name)) as *const u8;
+        // SAFETY: as above; the buffer is the row's own.
+        let _ = unsafe { aya_ebpf::helpers::bpf_probe_read_kernel_buf(name, &mut r.device) };
+    }
 }
 
 #[inline(always)]

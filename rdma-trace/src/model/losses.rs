@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 
 use rdma_trace_common::waterfall::{
-    L_CLAMPED, L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED, L_SAMPLES,
-    L_SLOT_NOT_STORED, L_SLOT_REFOUND, L_WAKE_NOT_STORED, W_DROPPED, W_UNMATCHED, WF_QUEUE_LEN,
-    WF_THREADS,
+    L_CLAMPED, L_CQ_ROW_NOT_STORED, L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED,
+    L_SAMPLES, L_SLOT_NOT_STORED, L_SLOT_REFOUND, L_WAKE_NOT_STORED, W_DROPPED, W_UNMATCHED,
+    WF_CQ_ROWS, WF_QUEUE_LEN, WF_THREADS,
 };
 use serde::Serialize;
 
@@ -37,6 +37,8 @@ pub struct Losses {
     pub slot_entries_not_stored: u64,
     /// Per-event samples the ring had no room for.
     pub samples_dropped: u64,
+    /// Events left out of their CQ's row: the map of (process, CQ) rows was full.
+    pub cq_rows_not_stored: u64,
     /// Reads whose return the kretprobe missed (seen when the thread's next read begins).
     pub read_returns_missed: u64,
     /// Events whose T2 or T3 was out of order and clamped into [T1, T4].
@@ -95,6 +97,7 @@ impl Losses {
             l.reads_not_stored = lost(L_READ_NOT_STORED);
             l.slot_entries_not_stored = lost(L_SLOT_NOT_STORED);
             l.samples_dropped = lost(L_SAMPLES);
+            l.cq_rows_not_stored = lost(L_CQ_ROW_NOT_STORED);
             l.read_returns_missed = lost(L_RETURN_MISSED);
             l.clamped_events = lost(L_CLAMPED);
         }
@@ -178,6 +181,13 @@ impl Losses {
                 self.samples_dropped,
                 "samples the ring had no room for (missing from --sample and --timeline)"
                     .to_owned(),
+            ),
+            (
+                "cq_rows_not_stored",
+                self.cq_rows_not_stored,
+                format!(
+                    "events beyond the {WF_CQ_ROWS} (process, CQ) rows (in their thread's waterfall, not in a CQ's row)"
+                ),
             ),
         ];
         for (key, counts, what) in [

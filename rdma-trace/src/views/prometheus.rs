@@ -680,6 +680,7 @@ mod tests {
         let mut hists = vec![Histogram::default(); WF_NHIST as usize];
         hists[H_RUNQ as usize] = hist(&[1500, 1100, 5000]);
         let snap = Snapshot {
+            cqs: Default::default(),
             threads: [(
                 0,
                 ThreadData {

@@ -20,8 +20,8 @@ use aya::{
     programs::{KProbe, Program, ProgramError, RawTracePoint, TracePoint},
 };
 use rdma_trace_common::waterfall::{
-    CLASS_UNKNOWN, WF_CPUS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfCq, WfHist, WfQueue,
-    WfReading, WfSample, WfThread, WfWake,
+    CLASS_UNKNOWN, WF_CPUS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfCq, WfCqKey, WfCqRow,
+    WfHist, WfQueue, WfReading, WfSample, WfThread, WfWake,
 };
 
 pub use self::model::{Snapshot, WaterfallReport};
@@ -54,6 +54,9 @@ struct Offsets {
     cq_res_id: u32,
     /// `struct task_struct`'s state, 0 when not found.
     task_state: u32,
+    /// `struct ib_cq`'s `device` and `struct ib_device`'s `name` (the CQ rows' device
+    /// labels), zeros when not found.
+    cq_device: [u32; 2],
     /// rxe (its module's BTF, when loaded): `rxe_cq.queue`, `rxe_queue.buf`, and the shared
     /// buffer's `index_mask`, `producer_index`, `consumer_index`; zeros when not found.
     rxe: [u32; 5],
@@ -89,6 +92,10 @@ fn btf_offsets(root: &Path) -> Result<Offsets> {
         .member_offset("ib_cq", "res")
         .and_then(|r| Ok(r + split.member_offset("rdma_restrack_entry", "id")?))
         .unwrap_or(0);
+    let cq_device = split
+        .member_offset("ib_cq", "device")
+        .and_then(|d| Ok([d, split.member_offset("ib_device", "name")?]))
+        .unwrap_or([0; 2]);
     let rxe = std::fs::read(dir.join("rdma_rxe"))
         .ok()
         .and_then(|m| Btf::parse(&m, Some(base)).ok())
@@ -107,6 +114,7 @@ fn btf_offsets(root: &Path) -> Result<Offsets> {
         ev_queue,
         cq_res_id,
         task_state,
+        cq_device,
         rxe,
     })
 }
@@ -289,6 +297,8 @@ impl Waterfall {
             buf_producer,
             buf_consumer,
             task_state: off.task_state,
+            cq_device: off.cq_device[0],
+            dev_name: off.cq_device[1],
         };
         let ncpu = aya::util::nr_cpus().map_err(|(_, e)| anyhow!("counting CPUs: {e}"))?;
         let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)
@@ -541,7 +551,26 @@ impl Waterfall {
         for (k, t) in &retired.threads {
             snap.threads.insert(*k, t.clone());
         }
+        snap.cqs = self.cq_rows()?;
         Ok(snap)
+    }
+
+    /// Every (process, CQ) row, summed over CPUs.
+    fn cq_rows(&self) -> Result<BTreeMap<(u32, u64), model::CqData>> {
+        let rows: aya::maps::PerCpuHashMap<&MapData, WfCqKey, WfCqRow> =
+            aya::maps::PerCpuHashMap::try_from(
+                self.ebpf
+                    .map("WF_CQ_ROWS_MAP")
+                    .context("map WF_CQ_ROWS_MAP is not in the eBPF object")?,
+            )?;
+        let mut out = BTreeMap::new();
+        for entry in rows.iter() {
+            let (key, values) =
+                entry.map_err(|e| anyhow!("reading WF_CQ_ROWS_MAP: {}", chain(&e)))?;
+            let values: Vec<WfCqRow> = values.iter().copied().collect();
+            out.insert((key.tgid, key.cq), model::CqData::from_per_cpu(&values));
+        }
+        Ok(out)
     }
 
     /// Clears thread slot `slot` (its counters and histograms on each of `cpus` CPUs, its

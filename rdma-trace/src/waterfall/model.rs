@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use rdma_trace_common::waterfall::{
-    H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED, NR_CLASSES, W_AWAKE,
-    W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM, W_DROPPED,
-    W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_NHIST, WfCounts,
+    CQ_SUMS, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED, NR_CLASSES,
+    W_AWAKE, W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM,
+    W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_NHIST, WfCounts,
+    WfCqRow,
 };
 use serde::Serialize;
 
@@ -38,10 +39,58 @@ impl ThreadData {
     }
 }
 
-/// Every thread slot with data, by slot.
+/// The completion events one process read of one CQ, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CqData {
+    /// The CQ's restrack id (`rdma res show cq`'s `cqn`), when known.
+    pub res_id: Option<u32>,
+    /// Its device's name (NUL-padded), empty when not known.
+    pub device: [u8; 16],
+    pub events: u64,
+    pub woken: u64,
+    pub driver_events: u64,
+    pub clamped: u64,
+    /// Stage sums, see `rdma_trace_common::waterfall::CQ_SUMS`.
+    pub sums: [u64; CQ_SUMS],
+}
+
+impl CqData {
+    /// The per-CPU values of one (process, CQ) row, summed; the labels from the CPU that made
+    /// the row.
+    pub fn from_per_cpu(values: &[WfCqRow]) -> CqData {
+        let mut d = CqData::default();
+        for v in values {
+            if v.labelled == 1 {
+                d.res_id = (v.res_id != rdma_trace_common::waterfall::NO_ID).then_some(v.res_id);
+                d.device = v.device;
+            }
+            d.events += v.events;
+            d.woken += v.woken;
+            d.driver_events += v.driver_events;
+            d.clamped += v.clamped;
+            for (a, b) in d.sums.iter_mut().zip(v.sums) {
+                *a += b;
+            }
+        }
+        d
+    }
+
+    fn subtract(&mut self, o: &CqData) {
+        self.events = self.events.saturating_sub(o.events);
+        self.woken = self.woken.saturating_sub(o.woken);
+        self.driver_events = self.driver_events.saturating_sub(o.driver_events);
+        self.clamped = self.clamped.saturating_sub(o.clamped);
+        for (a, b) in self.sums.iter_mut().zip(o.sums) {
+            *a = a.saturating_sub(b);
+        }
+    }
+}
+
+/// Every thread slot with data, by slot; and every (process, CQ) row, by (tgid, CQ address).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     pub threads: BTreeMap<u32, ThreadData>,
+    pub cqs: BTreeMap<(u32, u64), CqData>,
 }
 
 impl Snapshot {
@@ -66,6 +115,15 @@ impl Snapshot {
             }
             if !d.counts.is_zero() {
                 out.threads.insert(*slot, d);
+            }
+        }
+        for (key, c) in &self.cqs {
+            let mut d = *c;
+            if let Some(b) = before.cqs.get(key) {
+                d.subtract(b);
+            }
+            if d.events > 0 {
+                out.cqs.insert(*key, d);
             }
         }
         out
@@ -271,6 +329,52 @@ pub struct ProcessReport {
     #[serde(flatten)]
     pub waterfall: Waterfall,
     pub threads: Vec<ThreadReport>,
+    /// The process's events split by the CQ they came from, by device and cqn.
+    pub cqs: Vec<CqReport>,
+}
+
+/// The events a process read of one CQ, and their stages' means.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CqReport {
+    /// The CQ's device (`rdma res show cq`'s `dev`), null when not known.
+    pub device: Option<String>,
+    /// Its restrack id (`rdma res show cq`'s `cqn`), null when not known.
+    pub cq: Option<u32>,
+    pub events: u64,
+    pub woken: u64,
+    pub awake: u64,
+    pub clamped: u64,
+    /// T0→T1 over the events with a driver stamp.
+    pub driver_mean_ns: Option<f64>,
+    /// T1→T2, T2→T3, T3→T4 over the woken events.
+    pub wake_mean_ns: Option<f64>,
+    pub runq_mean_ns: Option<f64>,
+    pub read_mean_ns: Option<f64>,
+    /// T1→T4 over the events whose reader was already awake.
+    pub awake_mean_ns: Option<f64>,
+    /// T1→T4 over every event.
+    pub total_mean_ns: Option<f64>,
+}
+
+impl CqReport {
+    pub fn from_data(c: &CqData) -> CqReport {
+        let device = crate::bpf::c_string(&c.device);
+        let awake = c.events - c.woken.min(c.events);
+        CqReport {
+            device: (!device.is_empty()).then_some(device),
+            cq: c.res_id,
+            events: c.events,
+            woken: c.woken,
+            awake,
+            clamped: c.clamped,
+            driver_mean_ns: ratio(c.sums[0] as f64, c.driver_events),
+            wake_mean_ns: ratio(c.sums[1] as f64, c.woken),
+            runq_mean_ns: ratio(c.sums[2] as f64, c.woken),
+            read_mean_ns: ratio(c.sums[3] as f64, c.woken),
+            awake_mean_ns: ratio(c.sums[4] as f64, awake),
+            total_mean_ns: ratio(c.sums[CQ_SUMS - 1] as f64, c.events),
+        }
+    }
 }
 
 /// What the JSON carries per phase.
@@ -305,10 +409,21 @@ impl WaterfallReport {
             }
             e.1.push(t);
         }
+        // Each process's CQ rows; those of a process whose threads found no slot of their own
+        // go with the shared pid 0.
+        let mut cqs_of: BTreeMap<u32, Vec<CqReport>> = BTreeMap::new();
+        for (&(tgid, _), c) in &s.cqs {
+            let pid = if by_pid.contains_key(&tgid) { tgid } else { 0 };
+            cqs_of.entry(pid).or_default().push(CqReport::from_data(c));
+        }
+        for rows in cqs_of.values_mut() {
+            rows.sort_by(|a, b| (&a.device, a.cq).cmp(&(&b.device, b.cq)));
+        }
         WaterfallReport {
             processes: by_pid
                 .into_iter()
                 .map(|(pid, (sum, threads))| ProcessReport {
+                    cqs: cqs_of.remove(&pid).unwrap_or_default(),
                     pid,
                     comm: if pid == 0 {
                         "(threads beyond the slots)".to_owned()
@@ -457,6 +572,43 @@ pub fn render_report(r: &WaterfallReport) -> String {
                 ));
             }
         }
+        out.push_str(&render_cqs(&p.cqs));
+    }
+    out
+}
+
+/// A process's events by CQ: one line per CQ with its stages' means.
+fn render_cqs(cqs: &[CqReport]) -> String {
+    if cqs.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "    {:<16} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+        "by CQ: device",
+        "cqn",
+        "events",
+        "woken",
+        "T1→T4",
+        "driver",
+        "wake-up",
+        "run queue",
+        "read",
+        "awake"
+    );
+    for c in cqs {
+        out.push_str(&format!(
+            "    {:<16} {:>5} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            c.device.as_deref().unwrap_or("?"),
+            c.cq.map_or("?".to_owned(), |id| id.to_string()),
+            c.events,
+            c.woken,
+            us(c.total_mean_ns),
+            us(c.driver_mean_ns),
+            us(c.wake_mean_ns),
+            us(c.runq_mean_ns),
+            us(c.read_mean_ns),
+            us(c.awake_mean_ns),
+        ));
     }
     out
 }
@@ -662,12 +814,14 @@ mod tests {
     #[test]
     fn processes_group_their_threads_and_deltas_drop_idle_threads() {
         let before = Snapshot {
+            cqs: Default::default(),
             threads: BTreeMap::from([
                 (0, thread(10, 10, &[(1, 2, 3)], &[])),
                 (1, thread(11, 10, &[], &[5])),
             ]),
         };
         let after = Snapshot {
+            cqs: Default::default(),
             threads: BTreeMap::from([
                 (0, thread(10, 10, &[(1, 2, 3), (4, 5, 6)], &[])),
                 (1, thread(11, 10, &[], &[5])),
@@ -689,6 +843,69 @@ mod tests {
         assert!(text.contains("thread 11 (t11): 1 events"), "{text}");
     }
 
+    /// A (process, CQ) row from `events` woken events of (wake, runq, read) each and `awake`
+    /// already-awake events of T1→T4 `a` each.
+    fn cq(res_id: u32, device: &str, woken: (u64, u64, u64, u64), awake: (u64, u64)) -> CqData {
+        let (n, w, q, r) = woken;
+        let (m, a) = awake;
+        let mut d = CqData {
+            res_id: Some(res_id),
+            events: n + m,
+            woken: n,
+            sums: [0, n * w, n * q, n * r, m * a, n * (w + q + r) + m * a],
+            ..CqData::default()
+        };
+        d.device[..device.len()].copy_from_slice(device.as_bytes());
+        d
+    }
+
+    /// A process's events split by CQ, each with its own means; a window's rows are the
+    /// differences, and a row without new events drops out.
+    #[test]
+    fn each_cq_of_a_process_has_its_row_over_the_window() {
+        let before = Snapshot {
+            threads: BTreeMap::from([(0, thread(10, 10, &[(1, 2, 3)], &[]))]),
+            cqs: BTreeMap::from([
+                ((10, 0xa0), cq(3, "rxe1", (1, 1_000, 2_000, 3_000), (0, 0))),
+                ((10, 0xb0), cq(4, "rxe1", (0, 0, 0, 0), (2, 500))),
+            ]),
+        };
+        let after = Snapshot {
+            threads: BTreeMap::from([(0, thread(10, 10, &[(1, 2, 3); 4], &[]))]),
+            cqs: BTreeMap::from([
+                ((10, 0xa0), cq(3, "rxe1", (4, 1_000, 2_000, 3_000), (0, 0))),
+                ((10, 0xb0), cq(4, "rxe1", (0, 0, 0, 0), (2, 500))),
+            ]),
+        };
+        let d = after.since(&before);
+        assert_eq!(d.cqs.len(), 1, "CQ 4 had nothing new: {:?}", d.cqs);
+        let r = WaterfallReport::from_snapshot(&d);
+        let rows = &r.processes[0].cqs;
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            (rows[0].device.as_deref(), rows[0].cq),
+            (Some("rxe1"), Some(3))
+        );
+        assert_eq!((rows[0].events, rows[0].woken, rows[0].awake), (3, 3, 0));
+        assert_eq!(rows[0].runq_mean_ns, Some(2_000.0));
+        assert_eq!(rows[0].total_mean_ns, Some(6_000.0));
+        let r = WaterfallReport::from_snapshot(&after);
+        let rows = &r.processes[0].cqs;
+        assert_eq!(
+            rows.iter().map(|c| c.cq).collect::<Vec<_>>(),
+            [Some(3), Some(4)]
+        );
+        assert_eq!(rows[1].awake_mean_ns, Some(500.0));
+        assert_eq!(rows[1].wake_mean_ns, None);
+        let text = render_report(&r);
+        assert!(text.contains("by CQ: device"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.contains("rxe1") && l.contains(" 4 ") && l.contains("500ns")),
+            "{text}"
+        );
+    }
+
     /// The shared slot's global counters (a full queue, an unmatched read) are losses, not a
     /// "pid 0" process; its events are.
     #[test]
@@ -697,6 +914,7 @@ mod tests {
         shared.counts.counters[W_DROPPED as usize] = 3;
         shared.counts.counters[W_UNMATCHED as usize] = 1;
         let mut s = Snapshot {
+            cqs: Default::default(),
             threads: BTreeMap::from([
                 (0, thread(10, 10, &[(1, 2, 3)], &[])),
                 (WF_THREADS - 1, shared),
@@ -730,6 +948,7 @@ mod tests {
             t
         };
         WaterfallReport::from_snapshot(&Snapshot {
+            cqs: Default::default(),
             threads: BTreeMap::from([(0, side(1)), (1, side(2))]),
         })
     }

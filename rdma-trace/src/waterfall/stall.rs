@@ -281,6 +281,7 @@ mod tests {
             cq: 0xc0,
             buf: 0,
             read_at,
+            cqs: [0; WF_QUEUE_LEN as usize],
             woken_at: 0,
             on_cpu_at: 0,
         };

@@ -501,3 +501,113 @@ fn events_piled_up_past_the_mirror_are_counted_and_the_kept_ones_are_the_oldest(
         posts[1]
     );
 }
+
+/// One process with two CQs: the loopback ping-pong's client thread waits on its CQ on rxe1,
+/// its server thread on its own on rxe0. The process's waterfall has one row per CQ. Independent
+/// truths: each side's own count of the CQ events it read (`reports[].cq_events`, with its
+/// device), and RDMA netlink's list of the process's CQs (`rdma res show cq`: device, cqn, and
+/// as `pid` the id of the thread that made the CQ), taken while the demo runs.
+#[test]
+fn a_process_with_two_cqs_has_a_waterfall_row_per_cq() {
+    let demo_json = temp_json("two-cqs-demo");
+    let res_json = temp_json("two-cqs-res");
+    let demo = [
+        &["rdma-demo"][..],
+        &rdma_demo::pingpong::loopback_args("rxe1", "rxe0"),
+        &["--mode", "event", "-n", "3000", "--json"],
+    ]
+    .concat()
+    .join(" ");
+    // The CQs are listed once both exist (each side makes its own before the exchange).
+    let script = format!(
+        r#"{demo} {dj} & d=$!
+i=0
+while [ $i -lt 400 ]; do
+  rdma -j res show cq > {rj}
+  [ "$(grep -o '"comm":"rdma-demo' {rj} | wc -l)" -ge 2 ] && break
+  i=$((i+1)); sleep 0.05
+done
+wait $d"#,
+        dj = demo_json.display(),
+        rj = res_json.display(),
+    );
+    let run = run_json(&["run", "--no-tui", "--", "sh", "-c", &script], "two-cqs");
+    run.assert_success("rdma-trace run -- the loopback demo with rdma res show cq");
+    let demo = read_json(&demo_json);
+    let res = read_json(&res_json);
+    let _ = std::fs::remove_file(&res_json);
+    let procs = processes(&run.report["phases"][0]);
+    let p = procs
+        .iter()
+        .find(|p| {
+            p["comm"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("rdma-demo"))
+        })
+        .unwrap_or_else(|| panic!("no rdma-demo process in {procs:?}"));
+    let pid = u(&p["pid"]);
+    let tids: Vec<u64> = p["threads"]
+        .as_array()
+        .expect("threads")
+        .iter()
+        .map(|t| u(&t["tid"]))
+        .collect();
+    let mut listed: Vec<(String, u64)> = res
+        .as_array()
+        .expect("rdma res show cq: a list")
+        .iter()
+        .filter(|c| {
+            c["pid"]
+                .as_u64()
+                .is_some_and(|t| t == pid || tids.contains(&t))
+        })
+        .map(|c| {
+            (
+                c["ifname"].as_str().expect("ifname").to_owned(),
+                u(&c["cqn"]),
+            )
+        })
+        .collect();
+    listed.sort();
+    let rows = p["cqs"].as_array().expect("cqs");
+    eprintln!(
+        "two CQs: rows {rows:?}; rdma res show cq of pid {pid} (threads {tids:?}): {listed:?}"
+    );
+    let mut labelled: Vec<(String, u64)> = rows
+        .iter()
+        .map(|c| {
+            (
+                c["device"].as_str().expect("device").to_owned(),
+                u(&c["cq"]),
+            )
+        })
+        .collect();
+    labelled.sort();
+    assert_eq!(
+        labelled, listed,
+        "the waterfall's CQ rows of pid {pid} against rdma res show cq: {res}"
+    );
+    for r in demo["reports"].as_array().expect("demo reports") {
+        let device = r["device"].as_str().expect("device");
+        let row = rows
+            .iter()
+            .find(|c| c["device"] == device)
+            .unwrap_or_else(|| panic!("no CQ row on {device}: {rows:?}"));
+        assert_eq!(
+            row["events"], r["cq_events"],
+            "the {} side's CQ on {device}: the row counted {} events, the demo read {}",
+            r["role"], row["events"], r["cq_events"]
+        );
+        let (woken, total) = (
+            u(&row["woken"]),
+            row["total_mean_ns"].as_f64().expect("mean"),
+        );
+        assert!(woken > 0 && total > 0.0, "{row}");
+    }
+    let events: u64 = rows.iter().map(|c| u(&c["events"])).sum();
+    assert_eq!(
+        events,
+        u(&p["events"]),
+        "the rows split the process's events"
+    );
+}
