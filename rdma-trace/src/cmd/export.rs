@@ -17,7 +17,8 @@ use crate::{
     kernel::{facts::Kernel, plan::Options, probes::PROBES},
     model::{losses::Losses, window::Waiter},
     views::prometheus::{
-        AbortOnDrop, Limits, ProbeLabels, render, render_losses, render_waterfall, serve_http,
+        AbortOnDrop, CqSeries, Limits, ProbeLabels, render, render_losses, render_waterfall,
+        serve_http,
     },
 };
 
@@ -74,11 +75,14 @@ pub async fn run(args: &Args) -> Result<()> {
     );
 
     let page = Arc::new(Mutex::new(Bytes::new()));
+    // Which CQs have a series of their own: kept across refreshes (see `CqSeries`).
+    let series = Mutex::new(CqSeries::default());
     let refresh = |page: &Mutex<Bytes>| -> Result<()> {
         let mut text = render(&session, &session.snapshot()?, &labels);
         let snap = wf.as_ref().map(|w| w.snapshot()).transpose()?;
         if let Some(s) = &snap {
-            render_waterfall(&mut text, s, &labels.host);
+            let mut series = series.lock().unwrap_or_else(|p| p.into_inner());
+            render_waterfall(&mut text, s, &labels.host, &mut series);
         }
         let mut stats = session.program_stats().0;
         stats.extend(wf.iter().flat_map(|w| w.program_stats()));

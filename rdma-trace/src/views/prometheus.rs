@@ -341,7 +341,12 @@ fn le_value(v: u64, unit: Unit) -> String {
 /// The completion waterfall of every thread that read completion events: a histogram per
 /// stage (`stage` label: driver, wake, runq, read, awake, total), events per kind and CPU
 /// placement class.
-pub fn render_waterfall(out: &mut String, snap: &crate::waterfall::Snapshot, host: &str) {
+pub fn render_waterfall(
+    out: &mut String,
+    snap: &crate::waterfall::Snapshot,
+    host: &str,
+    series: &mut CqSeries,
+) {
     use rdma_trace_common::waterfall::{W_AWAKE, W_AWAKE_RUNNABLE_SUM, W_WOKEN};
 
     use crate::waterfall::{model::STAGES, topology::CLASS_NAMES};
@@ -393,6 +398,87 @@ pub fn render_waterfall(out: &mut String, snap: &crate::waterfall::Snapshot, hos
             &format!("stage=\"{key}\",host=\"{host}\""),
             &t.hists[h as usize],
             Unit::Nanoseconds,
+        );
+    }
+    render_cqs(out, snap, &host, series);
+}
+
+/// Series of the per-CQ families at most, `cq="other"` included: the label's cardinality
+/// stays bounded whatever the machine runs.
+pub const CQ_SERIES: usize = 32;
+
+/// The CQs that have a series of their own, for as long as `export` runs: the first
+/// [`CQ_SERIES`] − 1 seen (the busiest first among those seen at once). A CQ never moves
+/// between its own series and `cq="other"`, so every series is a counter that only grows.
+#[derive(Debug, Default)]
+pub struct CqSeries(std::collections::BTreeSet<(String, String)>);
+
+/// The waterfall's events per CQ (`device` and `cq` labels: `rdma res show cq`'s `dev` and
+/// `cqn`), every process's summed, and their summed T1→T4.
+fn render_cqs(
+    out: &mut String,
+    snap: &crate::waterfall::Snapshot,
+    host: &str,
+    series: &mut CqSeries,
+) {
+    let mut by_cq: std::collections::BTreeMap<(String, String), (u64, u64)> =
+        std::collections::BTreeMap::new();
+    for c in snap.cqs.values() {
+        let device = crate::bpf::c_string(&c.device);
+        let key = (
+            if device.is_empty() {
+                "?".to_owned()
+            } else {
+                escape(&device)
+            },
+            c.res_id.map_or("?".to_owned(), |id| id.to_string()),
+        );
+        let e = by_cq.entry(key).or_default();
+        e.0 += c.events;
+        e.1 += c.sums[rdma_trace_common::waterfall::CQ_SUMS - 1];
+    }
+    if by_cq.is_empty() {
+        return;
+    }
+    let mut seen: Vec<((String, String), (u64, u64))> = by_cq.into_iter().collect();
+    seen.sort_by(|a, b| b.1.0.cmp(&a.1.0).then_with(|| a.0.cmp(&b.0)));
+    for (k, _) in &seen {
+        if series.0.len() < CQ_SERIES - 1 {
+            series.0.insert(k.clone());
+        }
+    }
+    let (mut rows, rest): (Vec<_>, Vec<_>) =
+        seen.into_iter().partition(|(k, _)| series.0.contains(k));
+    rows.sort();
+    if !rest.is_empty() {
+        let other = rest
+            .iter()
+            .fold((0, 0), |(e, t), (_, (e2, t2))| (e + e2, t + t2));
+        rows.push((("other".to_owned(), "other".to_owned()), other));
+    }
+    let label = |(device, cq): &(String, String)| {
+        format!("device=\"{device}\",cq=\"{cq}\",host=\"{host}\"")
+    };
+    samples(
+        out,
+        "rdma_trace_cq_events_total",
+        "counter",
+        "Completion events read from completion channels, by CQ (device, cqn as rdma res show cq prints them; CQs beyond the first 31 seen summed as cq=\"other\").",
+        rows.iter().map(|(k, (events, _))| (label(k), *events)),
+    );
+    let name = "rdma_trace_cq_event_seconds_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Summed handler → read time (T1→T4) of those events, by CQ.",
+    );
+    for (k, (_, total)) in &rows {
+        let _ = writeln!(
+            out,
+            "{name}{{{}}} {}",
+            label(k),
+            le_value(*total, Unit::Nanoseconds)
         );
     }
 }
@@ -694,7 +780,7 @@ mod tests {
             .into(),
         };
         let mut out = String::new();
-        render_waterfall(&mut out, &snap, "h");
+        render_waterfall(&mut out, &snap, "h", &mut CqSeries::default());
         let runq = "rdma_trace_waterfall_stage_seconds_bucket{stage=\"runq\",host=\"h\",le=";
         assert_eq!(value(&out, &format!("{runq}\"0.000002047\"}}")), 2.0);
         assert_eq!(value(&out, &format!("{runq}\"+Inf\"}}")), 3.0);
@@ -730,9 +816,76 @@ mod tests {
                 .count(),
             1
         );
+        assert!(
+            !out.contains("rdma_trace_cq_events_total"),
+            "no CQ rows: {out}"
+        );
+        // Per CQ: a series each, the busiest first; past CQ_SERIES the rest are summed.
+        let mut snap = snap;
+        for i in 0..CQ_SERIES as u32 + 5 {
+            let mut c = crate::waterfall::model::CqData {
+                res_id: Some(i),
+                events: 100 + u64::from(i),
+                ..Default::default()
+            };
+            c.sums[rdma_trace_common::waterfall::CQ_SUMS - 1] = 1_000 * c.events;
+            c.device[..4].copy_from_slice(b"rxe0");
+            snap.cqs.insert((7, 0x1000 + u64::from(i)), c);
+        }
+        let mut kept = CqSeries::default();
+        let mut out = String::new();
+        render_waterfall(&mut out, &snap, "h", &mut kept);
+        let series = out
+            .lines()
+            .filter(|l| l.starts_with("rdma_trace_cq_events_total{"))
+            .count();
+        assert_eq!(series, CQ_SERIES, "{out}");
+        let busiest = CQ_SERIES as u32 + 4;
+        assert_eq!(
+            value(
+                &out,
+                &format!(
+                    "rdma_trace_cq_events_total{{device=\"rxe0\",cq=\"{busiest}\",host=\"h\"}}"
+                )
+            ),
+            f64::from(100 + busiest)
+        );
+        // CQs 0..=5 are the six least busy: summed.
+        let other: u64 = (0..6).map(|i| 100 + i).sum();
+        assert_eq!(
+            value(
+                &out,
+                "rdma_trace_cq_events_total{device=\"other\",cq=\"other\",host=\"h\"}"
+            ),
+            other as f64
+        );
+        assert_eq!(
+            value(
+                &out,
+                "rdma_trace_cq_event_seconds_total{device=\"other\",cq=\"other\",host=\"h\"}"
+            ),
+            other as f64 * 1e-6
+        );
+        // A CQ in "other" stays there when it gets busy: every series only grows.
+        snap.cqs.get_mut(&(7, 0x1000)).unwrap().events += 10_000;
+        let mut later = String::new();
+        render_waterfall(&mut later, &snap, "h", &mut kept);
+        assert_eq!(
+            value(
+                &later,
+                "rdma_trace_cq_events_total{device=\"other\",cq=\"other\",host=\"h\"}"
+            ),
+            (other + 10_000) as f64
+        );
+        assert!(!later.contains("cq=\"0\""), "{later}");
         // Nothing without events.
         let mut empty = String::new();
-        render_waterfall(&mut empty, &Snapshot::default(), "h");
+        render_waterfall(
+            &mut empty,
+            &Snapshot::default(),
+            "h",
+            &mut CqSeries::default(),
+        );
         assert!(empty.is_empty());
     }
 
