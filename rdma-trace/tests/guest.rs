@@ -454,7 +454,8 @@ fn verify_reports_a_failing_demo_as_such() {
 /// The attach targets of a probe of the JSON report, as the overhead block names them, and the
 /// number of programs on each: kernel-function probes are named after their function (entry
 /// and return programs); `wakeup` spans two functions; softirq, IRQ and NAPI probes use raw
-/// tracepoints (one program each); user-space probes a uprobe pair.
+/// tracepoints (one program each); `nvme io` two raw tracepoints and two kprobes of one
+/// program each; user-space probes a uprobe pair.
 fn program_targets(probe: &Value) -> (Vec<String>, usize) {
     let name = probe["name"].as_str().expect("probe name");
     let owned = |v: &[&str]| v.iter().map(|t| (*t).to_owned()).collect::<Vec<_>>();
@@ -474,6 +475,16 @@ fn program_targets(probe: &Value) -> (Vec<String>, usize) {
                 "raw_tp cq_process",
                 "raw_tp cq_poll",
                 "raw_tp cq_free",
+            ]),
+            1,
+        ),
+        // Its own programs: the ib_cq API's tracepoints are the `ib_cq wakeup` row's.
+        ("raw_tp", "nvme io") => (
+            owned(&[
+                "raw_tp nvme_setup_cmd",
+                "raw_tp nvme_complete_rq",
+                "nvme_rdma_post_send",
+                "blk_mq_complete_request_remote",
             ]),
             1,
         ),
