@@ -390,41 +390,17 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
     let (reads0, sectors0) = settled_reads(NULLB);
     let host0 = read_time(&nvme.disk);
     let events = CqEvents::start();
-    let out = run_json(
-        &[
-            "run",
-            "--no-tui",
-            "--probes",
-            "full",
-            "--",
-            "dd",
-            &format!("if=/dev/{}", nvme.disk),
-            "of=/dev/null",
-            "bs=4k",
-            &format!("count={N}"),
-            "iflag=direct",
-        ],
-        "nvme-dd",
-    );
-    out.assert_success("rdma-trace run -- dd of the NVMe over RDMA namespace");
+    let phase = &traced_reads(&nvme.disk, N, "nvme-dd");
     let (reads1, sectors1) = block_reads(NULLB);
     let host1 = read_time(&nvme.disk);
     let kernel = events.stop();
     let (kernel_polls, kernel_returned, recorded) = (kernel.polls, kernel.returned, kernel.seconds);
-    assert!(
-        out.stderr.contains(&format!("{N}+0 records in")),
-        "dd did not read {N} blocks: {}",
-        out.stderr
-    );
     assert_eq!(
         (reads1 - reads0, sectors1 - sectors0),
         (N, 8 * N),
         "the target's {NULLB} did not serve dd's {N} reads of 4 KiB"
     );
 
-    let phases = out.report["phases"].as_array().expect("phases");
-    assert_eq!(phases.len(), 1, "a -- CMD run has one window");
-    let phase = &phases[0];
     let polls = count(phase, "rxe_poll_cq");
     let posted = count(phase, "rxe_cq_post");
     eprintln!(
