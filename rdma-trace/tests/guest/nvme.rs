@@ -30,14 +30,19 @@ const NULLB: &str = "nullb0";
 const SLOW_NULLB: &str = "nullb1";
 const NULLB_CONFIGFS: &str = "/sys/kernel/config/nullb";
 
-/// The block counters of `/sys/block/<dev>/stat`: (reads completed, sectors read).
-fn block_reads(dev: &str) -> (u64, u64) {
+/// The fields of `/sys/block/<dev>/stat` (Documentation/block/stat.rst: reads completed,
+/// merged, sectors read, ms spent reading, ...).
+fn block_stat(dev: &str) -> Vec<u64> {
     let path = format!("/sys/block/{dev}/stat");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let f: Vec<u64> = text
-        .split_whitespace()
+    text.split_whitespace()
         .map(|v| v.parse().expect("a counter"))
-        .collect();
+        .collect()
+}
+
+/// The block counters of `/sys/block/<dev>/stat`: (reads completed, sectors read).
+fn block_reads(dev: &str) -> (u64, u64) {
+    let f = block_stat(dev);
     (f[0], f[2])
 }
 
@@ -66,12 +71,7 @@ fn read_time(disk: &str) -> (u64, u64) {
         [path] => path.clone(),
         more => panic!("{disk} has several paths, the test bed connects one: {more:?}"),
     };
-    let path = format!("/sys/block/{dev}/stat");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let f: Vec<u64> = text
-        .split_whitespace()
-        .map(|v| v.parse().expect("a counter"))
-        .collect();
+    let f = block_stat(&dev);
     eprintln!("nvme: {disk}'s reads as {dev} times them: {:?}", &f[..4]);
     (f[0], f[3])
 }
@@ -660,26 +660,19 @@ fn nvme_io_split_puts_a_slow_targets_time_before_the_cq_schedule() {
         (&slow_disk, SLOW_NULLB, "nvme-slow"),
     ] {
         let before = settled_reads(target);
-        let t0 = std::fs::read_to_string(format!("/sys/block/{target}/stat")).expect("stat");
+        let t0 = block_stat(target)[3];
         let host0 = read_time(disk);
         let phase = traced_reads(disk, N, name);
         let host1 = read_time(disk);
         check_io_split(&phase, N, (host1.0 - host0.0, host1.1 - host0.1));
-        let t1 = std::fs::read_to_string(format!("/sys/block/{target}/stat")).expect("stat");
-        let ms = |t: &str| -> u64 {
-            t.split_whitespace()
-                .nth(3)
-                .expect("field 4")
-                .parse()
-                .expect("ms")
-        };
+        let t1 = block_stat(target)[3];
         assert_eq!(
             block_reads(target).0 - before.0,
             N,
             "the target's {target} served dd's {N} reads"
         );
         assert_eq!(phase["nvme"]["reads"], N, "{}", phase["nvme"]);
-        let target_ns = (ms(&t1) - ms(&t0)) as f64 * 1e6 / N as f64;
+        let target_ns = (t1 - t0) as f64 * 1e6 / N as f64;
         let stages: Vec<(&str, f64)> = STAGES.iter().map(|&s| (s, stage_mean(&phase, s))).collect();
         eprintln!("nvme: {name}: target disk {target_ns:.0} ns per read; stages {stages:?}");
         split.push((target_ns, stages));
