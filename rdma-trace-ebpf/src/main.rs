@@ -158,18 +158,25 @@ static IRQ_PROBE: HashMap<u32, u32> = HashMap::with_max_entries(MAX_IRQS, 0);
 // the same CPU overwrites and clears its start: the interrupted call then finds none and is
 // counted as unmatched, never mis-timed.
 
-/// Adds 1 to the u64 at `p` atomically. `AtomicU64::fetch_add` is not offered on this target
-/// (its spec says no compare-and-swap), but the add is a plain BPF instruction: the intrinsic
-/// with an unused result compiles to BPF_XADD, which every kernel with BPF has.
+/// Adds `n` to the u64 at `p` atomically. `AtomicU64::fetch_add` is not offered on this
+/// target (its spec says no compare-and-swap), but the add is a plain BPF instruction: the
+/// intrinsic with an unused result compiles to BPF_XADD, which every kernel with BPF has.
+/// `p` must point into a map value (valid while the program runs; its u64 fields are 8-byte
+/// aligned) whose every writer adds atomically.
 #[inline(always)]
-fn add_one(p: *mut u64) {
-    // SAFETY: `p` points into a map value, which stays valid while the program runs, and u64
-    // fields of map values are 8-byte aligned; every writer of ROWS adds atomically.
+pub(crate) fn atomic_add(p: *mut u64, n: u64) {
+    // SAFETY: see above: an aligned u64 in a map value, valid for the program's run.
     unsafe {
         core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
-            p, 1,
+            p, n,
         )
     };
+}
+
+/// Adds 1 to the u64 at `p` atomically (see [`atomic_add`]); every writer of ROWS adds so.
+#[inline(always)]
+fn add_one(p: *mut u64) {
+    atomic_add(p, 1);
 }
 
 /// This CPU's row of `probe` (one map lookup).
@@ -566,13 +573,10 @@ fn ibcq_stat(cq: u64) -> Option<*mut IbCqStat> {
 /// Adds `n` to counter `c` of a CQ's entry (atomically: CPUs share it).
 #[inline(always)]
 fn ibcq_add(s: *mut IbCqStat, c: usize, n: u64) {
-    // SAFETY: `s` points into a map value, valid while the program runs; the u64 is aligned.
+    // SAFETY: `s` points into a map value, valid while the program runs; only the field's
+    // address is formed.
     if let Some(p) = unsafe { (*s).counters.get_mut(c) } {
-        unsafe {
-            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
-                p, n,
-            )
-        };
+        atomic_add(p, n);
     }
 }
 

@@ -22,7 +22,9 @@ use rdma_trace_common::{
     },
 };
 
-use crate::{config, count_in, now, read_u32, record_in, row};
+// Stats are added atomically: a program in an interrupt can add to the same CPU's value (see
+// "recording" in main.rs).
+use crate::{atomic_add as add, config, count_in, now, read_u32, record_in, row};
 
 /// Probe of the `nvme io` row, or NO_PROBE.
 #[unsafe(no_mangle)]
@@ -46,18 +48,6 @@ static NVME_STATS: PerCpuArray<NvmeStats> = PerCpuArray::with_max_entries(1, 0);
 #[inline(always)]
 fn on() -> bool {
     config(&NVME_IO_PROBE) != NO_PROBE
-}
-
-/// Adds `n` to the u64 at `p` atomically (a program in an interrupt can add to the same CPU's
-/// value: see "recording" in main.rs).
-#[inline(always)]
-fn add(p: *mut u64, n: u64) {
-    // SAFETY: `p` points into a map value, valid while the program runs; u64s are aligned.
-    unsafe {
-        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
-            p, n,
-        )
-    };
 }
 
 #[inline(always)]
