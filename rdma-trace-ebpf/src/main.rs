@@ -262,9 +262,15 @@ fn now() -> u64 {
 
 // ---- kernel functions: entry → return, and intervals
 
+/// The entry of slot `slot`'s function. Called with a literal by its own program, and with
+/// the slot the loader sets by the waterfall's programs that share a hook with the table
+/// (`waterfall::table_entry`): out of range does nothing.
 #[inline(always)]
-fn kentry(slot: usize) -> u32 {
-    let cfg: KSlot = config(&KSLOTS[slot]);
+pub(crate) fn kentry(slot: usize) -> u32 {
+    let Some(cfg) = KSLOTS.get(slot) else {
+        return 0;
+    };
+    let cfg: KSlot = config(cfg);
     let t = now();
     timeline::emit(TL_FUNC_ENTRY, slot as u32, 0, t);
     workload::count_call(slot as u32);
@@ -292,9 +298,13 @@ fn kentry(slot: usize) -> u32 {
     0
 }
 
+/// The return of slot `slot`'s function (see [`kentry`]).
 #[inline(always)]
-fn kreturn(slot: usize) -> u32 {
-    let cfg: KSlot = config(&KSLOTS[slot]);
+pub(crate) fn kreturn(slot: usize) -> u32 {
+    let Some(cfg) = KSLOTS.get(slot) else {
+        return 0;
+    };
+    let cfg: KSlot = config(cfg);
     let t = now();
     timeline::emit(TL_FUNC_RETURN, slot as u32, 0, t);
     if cfg.duration != NO_PROBE

@@ -55,6 +55,27 @@ use crate::{config, now};
 #[unsafe(no_mangle)]
 static WF_CONFIG: WfConfig = WfConfig::UNSET;
 
+/// The probe table's slot (`KSLOTS`) of `ib_uverbs_comp_handler` and of `rxe_cq_post`, when
+/// the table times them through these programs (the loader then attaches no `kentry_N` or
+/// `kreturn_N` of its own where these run: one program per hook instead of two); out of range
+/// (the default) otherwise.
+#[unsafe(no_mangle)]
+static WF_KSLOT_HANDLER: u32 = u32::MAX;
+#[unsafe(no_mangle)]
+static WF_KSLOT_CQ_POST: u32 = u32::MAX;
+
+/// The probe table's entry work for the slot in `global`, if the loader set one.
+#[inline(always)]
+fn table_entry(global: &u32) {
+    crate::kentry(config(global) as usize);
+}
+
+/// The probe table's return work for the slot in `global`, if the loader set one.
+#[inline(always)]
+fn table_return(global: &u32) {
+    crate::kreturn(config(global) as usize);
+}
+
 const QMASK: u64 = WF_QUEUE_LEN as u64 - 1;
 const _: () = assert!(HIST_SLOTS.is_power_of_two());
 const BPF_NOEXIST: u64 = 1;
@@ -150,6 +171,7 @@ fn tid() -> u32 {
 /// last handler call) raised the event: T0.
 #[kprobe]
 pub fn wf_rxe_cq_post(ctx: ProbeContext) -> u32 {
+    table_entry(&WF_KSLOT_CQ_POST);
     let t = now();
     if let Some(c) = cq_stamps(&ctx) {
         if c.t0 == 0 {
@@ -255,6 +277,7 @@ pub fn wf_queue_init(ctx: ProbeContext) -> u32 {
 
 #[kprobe]
 pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
+    table_entry(&WF_KSLOT_HANDLER);
     let t1 = now();
     let cq: u64 = ctx.arg(0).unwrap_or(0);
     let queue: u64 = ctx.arg(1).unwrap_or(0);
@@ -340,6 +363,7 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
 
 #[kretprobe]
 pub fn wf_handler_return(_ctx: RetProbeContext) -> u32 {
+    table_return(&WF_KSLOT_HANDLER);
     if let Some(h) = WF_HANDLER.get_ptr_mut(0) {
         // SAFETY: this CPU's slot of a per-CPU array.
         unsafe { (*h).active = 0 };

@@ -27,7 +27,7 @@ use crate::{
     bpf::hist::Histogram,
     bpf::stats::{ProgramStat, RunTimeStats},
     error::{Unsupported, chain},
-    kernel::plan::{Decision, Plan, SkipReason},
+    kernel::plan::{Decision, FunctionSlot, Plan, SkipReason},
     kernel::probes::{Method, Shape},
 };
 
@@ -47,6 +47,9 @@ pub struct Bpf {
     tgids: RefCell<BpfHashMap<MapData, u32, u8>>,
     /// Reads the programs' rare-event messages (with -v or RUST_LOG).
     _log: Option<crate::bpf::log::Reader>,
+    /// The kernel-function slots whose hooks a feature's programs share ([`SharedHook`]), with
+    /// the hook: the table attaches only the parts those programs do not do.
+    shared: Vec<(usize, SharedHook)>,
 }
 
 /// How one probe ended up.
@@ -235,7 +238,55 @@ fn missing_privilege(
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ObjectConfig {
     pub globals: Vec<(&'static str, u32)>,
+    /// Globals of other plain types, as their bytes ([`ObjectConfig::set_global`]).
+    pub blobs: Vec<(&'static str, Vec<u8>)>,
     pub map_sizes: Vec<(&'static str, u32)>,
+    /// Hooks a feature's programs share with the probe table.
+    pub shared: Vec<SharedHook>,
+}
+
+impl ObjectConfig {
+    /// Set global `name` of the object to `value` (a plain type of the same layout as the
+    /// eBPF side's).
+    pub fn set_global<T: aya::Pod>(&mut self, name: &'static str, value: &T) {
+        // SAFETY: `aya::Pod` types are plain data with no padding bytes: every byte of `value`
+        // is initialised, and the slice lives only for the copy.
+        let bytes =
+            unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) };
+        self.blobs.push((name, bytes.to_vec()));
+    }
+}
+
+/// A kernel function that a feature's programs hook anyway, and that do the probe table's work
+/// for the function's row as well: one program runs per hit where two would. The loader puts
+/// the function's slot in the object's global `global` before load, attaches only the parts
+/// (entry, return) that the feature's programs leave out, and attaches the rest itself when
+/// the feature's programs do not attach after all ([`Bpf::attach_unshared`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SharedHook {
+    pub function: &'static str,
+    /// The global that holds the slot (`u32`; out of range: not shared).
+    #[serde(skip)]
+    pub global: &'static str,
+    /// Whether the feature's programs do the entry's work (a kprobe on the function).
+    pub entry: bool,
+    /// Whether they do the return's (a kretprobe).
+    #[serde(rename = "return")]
+    pub ret: bool,
+}
+
+/// The slots of `functions` whose hooks `hooks` share: a hooked function's slot where it is
+/// attached with kprobes first, the only mechanism the sharing programs have.
+fn shared_slots(functions: &[FunctionSlot], hooks: &[SharedHook]) -> Vec<(usize, SharedHook)> {
+    hooks
+        .iter()
+        .filter_map(|h| {
+            let slot = functions.iter().position(|f| {
+                f.function == h.function && f.methods.first() == Some(&Method::Kprobe)
+            })?;
+            Some((slot, *h))
+        })
+        .collect()
 }
 
 impl Bpf {
@@ -250,9 +301,17 @@ impl Bpf {
         let stats = RunTimeStats::enable();
         let kslots = plan.kslots();
         let log_level = crate::verbosity::level();
+        let shared = shared_slots(&plan.functions, &config.shared);
+        let shared_slots: Vec<(&str, u32)> = shared
+            .iter()
+            .map(|(slot, h)| (h.global, *slot as u32))
+            .collect();
         let mut ebpf = load_object("the eBPF object", |l| {
-            for (name, value) in &config.globals {
+            for (name, value) in config.globals.iter().chain(&shared_slots) {
                 l.override_global(name, value, true);
+            }
+            for (name, bytes) in &config.blobs {
+                l.override_global(name, bytes.as_slice(), true);
             }
             for (name, size) in &config.map_sizes {
                 l.map_max_entries(name, *size);
@@ -296,6 +355,7 @@ impl Bpf {
             uprobes_loaded: false,
             tgids,
             _log: log,
+            shared,
         })
     }
 
@@ -345,10 +405,18 @@ impl Bpf {
             let mut errors = Vec::new();
             let mut done = None;
             for &method in &f.methods {
-                let r = match method {
-                    Method::Kprobe => self.attach_kprobe_pair(slot, &f.function),
-                    Method::Fentry => self.attach_fentry_pair(slot, &f.function),
-                    Method::RawTracepoint | Method::Uprobe => {
+                let shared = self
+                    .shared
+                    .iter()
+                    .find(|(s, _)| *s == slot)
+                    .map(|(_, h)| *h);
+                let r = match (method, shared) {
+                    (Method::Kprobe, Some(h)) => {
+                        self.attach_kprobe_parts(slot, &f.function, !h.entry, !h.ret)
+                    }
+                    (Method::Kprobe, None) => self.attach_kprobe_pair(slot, &f.function),
+                    (Method::Fentry, _) => self.attach_fentry_pair(slot, &f.function),
+                    (Method::RawTracepoint | Method::Uprobe, _) => {
                         Err(anyhow!("not a kernel-function method"))
                     }
                 };
@@ -503,6 +571,51 @@ impl Bpf {
             .borrow_mut()
             .insert(pid, 1, 0)
             .map_err(|e| anyhow!("watching pid {pid}: {}", chain(&e)))
+    }
+
+    /// The parts of slot `slot`'s kprobe pair that a shared hook leaves to the table: its
+    /// entry program and/or its return program.
+    fn attach_kprobe_parts(
+        &mut self,
+        slot: usize,
+        function: &str,
+        entry: bool,
+        ret: bool,
+    ) -> Result<()> {
+        match (entry, ret) {
+            (true, true) => self.attach_kprobe_pair(slot, function),
+            (true, false) => self.kprobe(&format!("kentry_{slot}"), function).map(|_| ()),
+            (false, true) => self
+                .kprobe(&format!("kreturn_{slot}"), function)
+                .map(|_| ()),
+            (false, false) => Ok(()),
+        }
+    }
+
+    /// The hooks the table shares with a feature's programs (as planned, and once the feature
+    /// has attached, those its programs serve).
+    pub fn shared_hooks(&self) -> Vec<SharedHook> {
+        self.shared.iter().map(|(_, h)| *h).collect()
+    }
+
+    /// After the feature has attached: every shared hook whose function `served` says the
+    /// feature's programs do not run on gets the table's own programs for the parts they were
+    /// to do. Returns the functions where that failed, with why.
+    pub fn attach_unshared(
+        &mut self,
+        served: impl Fn(&str) -> bool,
+    ) -> Vec<(&'static str, String)> {
+        let mut failed = Vec::new();
+        for (slot, h) in std::mem::take(&mut self.shared) {
+            if served(h.function) {
+                self.shared.push((slot, h));
+                continue;
+            }
+            if let Err(e) = self.attach_kprobe_parts(slot, h.function, h.entry, h.ret) {
+                failed.push((h.function, format!("{e:#}")));
+            }
+        }
+        failed
     }
 
     fn attach_kprobe_pair(&mut self, slot: usize, function: &str) -> Result<()> {
@@ -676,6 +789,7 @@ impl Bpf {
                     Program::KProbe(p) => p.unload(),
                     Program::UProbe(p) => p.unload(),
                     Program::RawTracePoint(p) => p.unload(),
+                    Program::TracePoint(p) => p.unload(),
                     Program::FEntry(p) => p.unload(),
                     Program::FExit(p) => p.unload(),
                     _ => Ok(()),
@@ -869,6 +983,32 @@ mod tests {
     use aya::{EbpfError, maps::MapError};
 
     use super::*;
+
+    /// The truth: the plan's own methods. A hook is shared only where its function's slot is
+    /// attached with kprobes first; fentry slots, and functions not planned, keep the table's
+    /// own programs.
+    #[test]
+    fn hooks_are_shared_only_on_kprobe_slots() {
+        let slot = |function: &'static str, methods: Vec<Method>| FunctionSlot {
+            function: function.into(),
+            methods,
+            config: rdma_trace_common::KSlot::UNUSED,
+        };
+        let hook = |function: &'static str| SharedHook {
+            function,
+            global: "G",
+            entry: true,
+            ret: false,
+        };
+        let functions = [
+            slot("a", vec![Method::Fentry, Method::Kprobe]),
+            slot("b", vec![Method::Kprobe, Method::Fentry]),
+            slot("c", vec![Method::Kprobe]),
+        ];
+        let shared = shared_slots(&functions, &[hook("a"), hook("c"), hook("z")]);
+        assert_eq!(shared, vec![(2, hook("c"))]);
+        assert!(shared_slots(&functions, &[]).is_empty());
+    }
 
     /// The truth: the capability masks of `/proc/PID/status` (bits from `linux/capability.h`).
     #[test]

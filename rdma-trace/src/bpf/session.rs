@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use anyhow::{Result, anyhow};
 
 use crate::{
-    bpf::loader::{Bpf, ObjectConfig, Outcome, ProbeData},
+    bpf::loader::{Bpf, ObjectConfig, Outcome, ProbeData, SharedHook},
     error::Unsupported,
     kernel::facts::Kernel,
     kernel::plan::{self, Options, Plan},
@@ -127,6 +127,29 @@ impl Session {
         self.bpf.events_per_cpu(&self.attached_ids())
     }
 
+    /// The hooks of probe `p`'s functions that a feature's programs serve for it.
+    pub fn shared_hooks_of(&self, p: &crate::kernel::plan::PlannedProbe) -> Vec<SharedHook> {
+        let functions = p.def.shape.functions();
+        self.bpf
+            .shared_hooks()
+            .into_iter()
+            .filter(|h| functions.contains(&h.function))
+            .collect()
+    }
+
+    /// Once a feature's programs have attached (`served`: whether they run on a function),
+    /// the shared hooks they do not serve get the table's own programs; a row for which that
+    /// fails is skipped, with why.
+    pub fn settle_shared(&mut self, served: impl Fn(&str) -> bool) {
+        for (function, why) in self.bpf.attach_unshared(served) {
+            for (p, o) in self.plan.probes.iter().zip(self.outcomes.iter_mut()) {
+                if p.def.shape.functions().contains(&function) {
+                    *o = Outcome::Skipped(crate::bpf::loader::NotAttached::Refused(why.clone()));
+                }
+            }
+        }
+    }
+
     /// The attach table: probe, how, or why not.
     /// The attached rows, one a line, and one line for every skipped row (grouped by reason).
     pub fn attach_table(&self) -> String {
@@ -135,10 +158,15 @@ impl Session {
         for (p, o) in self.plan.probes.iter().zip(&self.outcomes) {
             match o {
                 Outcome::Attached(m) => out.push_str(&format!(
-                    "  {:<24} {:<8} {}\n",
+                    "  {:<24} {:<8} {}{}\n",
                     p.def.name,
                     m.label(),
-                    p.def.what
+                    p.def.what,
+                    if self.shared_hooks_of(p).is_empty() {
+                        ""
+                    } else {
+                        " (timed by the waterfall's programs on the same hooks)"
+                    }
                 )),
                 Outcome::Skipped(why) => skipped.push((why.kind(), p.def.driver.name())),
             }

@@ -13,7 +13,7 @@ use hyper::body::Bytes;
 use tokio::net::TcpListener;
 
 use crate::{
-    bpf::session::Session,
+    bpf::{loader::ObjectConfig, session::Session},
     kernel::{facts::Kernel, plan::Options, probes::PROBES},
     model::{losses::Losses, window::Waiter},
     views::prometheus::{
@@ -47,7 +47,15 @@ pub struct Args {
 
 pub async fn run(args: &Args) -> Result<()> {
     let kernel = Kernel::live();
-    let session = Session::start(
+    let mut config = ObjectConfig::default();
+    let prepared = crate::waterfall::prepare_or_explain(
+        false,
+        0,
+        0,
+        std::time::Duration::from_secs(1),
+        &mut config,
+    );
+    let mut session = Session::start_with(
         &kernel,
         PROBES,
         Options {
@@ -55,7 +63,10 @@ pub async fn run(args: &Args) -> Result<()> {
             // uprobes trap on every call of every process: not for an always-on exporter.
             ..Options::default()
         },
+        &config,
     )?;
+    let wf = crate::waterfall::start_or_explain(prepared, &mut session);
+    let session = session;
     let host = args.host.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
@@ -63,7 +74,6 @@ pub async fn run(args: &Args) -> Result<()> {
     });
     let labels = ProbeLabels::new(&kernel.rdma_devices(), &host);
     let release = kernel.release();
-    let wf = crate::waterfall::start_or_explain(false, 0, 0, std::time::Duration::from_secs(1));
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -85,7 +95,7 @@ pub async fn run(args: &Args) -> Result<()> {
             render_waterfall(&mut text, s, &labels.host, &mut series);
         }
         let mut stats = session.program_stats().0;
-        stats.extend(wf.iter().flat_map(|w| w.program_stats()));
+        stats.extend(wf.iter().flat_map(|w| w.program_stats(session.bpf())));
         let merged = snap.as_ref().and_then(|s| s.merged_data());
         let losses = Losses::new(
             merged.as_ref().map(|t| &t.counts),

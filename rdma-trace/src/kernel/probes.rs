@@ -96,6 +96,17 @@ pub enum Shape {
     },
 }
 
+impl Shape {
+    /// The kernel functions the row hooks (kprobes or fentry): none for tracepoint rows.
+    pub fn functions(&self) -> Vec<&str> {
+        match self {
+            Shape::Duration { function } => vec![function],
+            Shape::Interval { from, to } => vec![from, to],
+            _ => Vec::new(),
+        }
+    }
+}
+
 /// The /proc/interrupts name patterns of an IRQ row: the table's, or names found at run time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Patterns {

@@ -72,6 +72,7 @@ impl Extra {
                 ("FILTER_TGIDS", u32::from(!self.every_process())),
             ],
             map_sizes: vec![("TIMELINE_EVENTS", self.timeline_ring_bytes())],
+            ..ObjectConfig::default()
         }
     }
 

@@ -47,7 +47,7 @@ impl<'a> Baseline<'a> {
         let data = session.snapshot()?;
         let (mut stats, _) = session.program_stats();
         if let Some((w, _)) = &wf {
-            stats.extend(w.program_stats());
+            stats.extend(w.program_stats(session.bpf()));
         }
         let usage = LoaderUsage::now();
         let at = Instant::now();
@@ -103,7 +103,7 @@ impl<'a> Baseline<'a> {
     pub fn stats<'s>(&self, session: &'s Session) -> (Vec<ProgramStat>, &'s str) {
         let (mut stats, how) = session.program_stats();
         if let Some(w) = self.waterfall() {
-            stats.extend(w.program_stats());
+            stats.extend(w.program_stats(session.bpf()));
         }
         (stats, how)
     }

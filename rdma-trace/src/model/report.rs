@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::{
     bpf::hist::{Bucket, Summary, human_ns_f, plain},
-    bpf::loader::{Outcome, ProbeData},
+    bpf::loader::{Outcome, ProbeData, SharedHook},
     bpf::session::Session,
     kernel::probes::{Driver, Unit},
 };
@@ -37,6 +37,10 @@ pub struct ProbeReport {
     pub log2: Vec<Bucket>,
     /// Shown when the count is 0 and that is expected.
     pub note: Option<&'static str>,
+    /// The hooks of the row's functions where the completion waterfall's programs do the
+    /// row's work (no program of the row's own runs there): the function, and whether its
+    /// entry and its return are theirs.
+    pub shared_hooks: Vec<SharedHook>,
 }
 
 /// Reports for every probe of `session` from `data` collected over `seconds`.
@@ -81,6 +85,7 @@ pub fn probe_reports(
                 total: d.hist.sum_estimate(),
                 log2: d.hist.log2_rows(),
                 note: if count == 0 { p.def.zero_note } else { None },
+                shared_hooks: session.shared_hooks_of(p),
             }
         })
         .collect()

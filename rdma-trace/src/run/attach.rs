@@ -55,6 +55,14 @@ pub fn attach(
             Err(e) => eprintln!("rdma-trace: NVMe admin commands are split with the I/O: {e:#}"),
         }
     }
+    // The waterfall lives in the same object: its globals go in before the object is loaded.
+    let prepared = waterfall::prepare_or_explain(
+        args.no_waterfall,
+        args.sample as usize,
+        args.timeline_waterfall_events(),
+        args.stall_after,
+        &mut config,
+    );
     let mut session = Session::start_with(
         kernel,
         &defs,
@@ -73,12 +81,7 @@ pub fn attach(
     let timeline = super::timeline::start(&mut session, extra, timeline_file, args)?;
     // The completion waterfall attaches before the probe table is printed: that line means
     // everything is attached (the bench times start-up and the loader's CPU from it).
-    let waterfall = waterfall::start_or_explain(
-        args.no_waterfall,
-        args.sample as usize,
-        args.timeline_waterfall_events(),
-        args.stall_after,
-    );
+    let waterfall = waterfall::start_or_explain(prepared, &mut session);
     crate::startup::step("waterfall");
     crate::startup::print_if_verbose();
     Ok(Attached {

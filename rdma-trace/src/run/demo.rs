@@ -478,7 +478,7 @@ impl<'a> RunSource<'a> {
                 .base
                 .waterfall()
                 .iter()
-                .flat_map(|w| w.program_stats())
+                .flat_map(|w| w.program_stats(self.session.bpf()))
                 .map(|p| p.name)
                 .collect();
             let droppable: Vec<_> = costs

@@ -2,8 +2,10 @@
 //! `rdma-trace-ebpf/src/waterfall.rs`, read their per-thread rows, and turn them into stage
 //! tables, CPU placement and the poll/event explanation.
 //!
-//! It loads its own copy of the eBPF object (its maps and programs only are used), so it
-//! comes and goes independently of the probe table's session.
+//! It lives in the probe table's object: [`Prepared`] sets its globals before the object is
+//! loaded, and [`Waterfall::start`] attaches its programs there and takes its maps. Where it
+//! hooks a function the table times too (the completion handler, rxe's CQE post), its programs
+//! do the table's work as well ([`SHARED_HOOKS`]): one program runs per hit instead of two.
 
 pub mod btf;
 pub mod model;
@@ -28,6 +30,8 @@ pub use self::model::{Snapshot, WaterfallReport};
 use self::{btf::Btf, topology::Topology};
 use crate::{
     bpf::hist::Histogram,
+    bpf::loader::{Bpf, ObjectConfig, SharedHook},
+    bpf::session::Session,
     error::Unsupported,
     error::chain,
     kernel::facts::{Kernel, format_offset},
@@ -206,7 +210,8 @@ pub struct AttachNote {
 }
 
 pub struct Waterfall {
-    ebpf: Ebpf,
+    /// Its maps, taken out of the object ([`READ_MAPS`]).
+    maps: std::collections::HashMap<&'static str, aya::maps::Map>,
     pub notes: Vec<AttachNote>,
     samples: RefCell<Option<RingBuf<MapData>>>,
     /// Samples read so far (bounded by `sample_max`).
@@ -261,72 +266,24 @@ const SAMPLE_BYTES: usize = std::mem::size_of::<WfSample>() + 8;
 const TIMELINE_RING_BYTES: usize = 4 << 20;
 
 impl Waterfall {
-    /// Load and attach. `sample`: keep up to this many per-event records. `timeline`: with a
-    /// `--timeline`, how many events it keeps (the first N, the N slowest per stage), chosen
-    /// among every event; 0 without one.
-    /// `stall_after`: a read blocked longer is a stall.
-    pub fn start(sample: usize, timeline: usize, stall_after: Duration) -> Result<Waterfall> {
-        let root = Path::new("/");
-        let off = btf_offsets(root)?;
-        let kernel = Kernel::at(root);
-        let [
-            rxe_cq_queue,
-            rxe_queue_buf,
-            buf_mask,
-            buf_producer,
-            buf_consumer,
-        ] = off.rxe;
-        let cfg = WfConfig {
-            file_private_data: off.private,
-            ev_queue: off.ev_queue,
-            waking_pid: need_offset(&kernel, "sched/sched_waking", "pid")?,
-            waking_target_cpu: need_offset(&kernel, "sched/sched_waking", "target_cpu")?,
-            switch_next_pid: need_offset(&kernel, "sched/sched_switch", "next_pid")?,
-            switch_prev_pid: need_offset(&kernel, "sched/sched_switch", "prev_pid")?,
-            switch_prev_state: need_offset(&kernel, "sched/sched_switch", "prev_state")?,
-            cq_res_id: off.cq_res_id,
-            // With a timeline every event goes through the ring (drained at each refresh).
-            sample_max: if timeline > 0 {
-                u64::MAX
-            } else {
-                sample as u64
-            },
-            rxe_cq_queue,
-            rxe_queue_buf,
-            buf_mask,
-            buf_producer,
-            buf_consumer,
-            task_state: off.task_state,
-            cq_device: off.cq_device[0],
-            dev_name: off.cq_device[1],
-        };
-        let ncpu = aya::util::nr_cpus().map_err(|(_, e)| anyhow!("counting CPUs: {e}"))?;
-        let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)
-            .max(if timeline > 0 { TIMELINE_RING_BYTES } else { 0 })
-            .next_power_of_two()
-            .clamp(4096, 1 << 28) as u32;
-        let mut ebpf = crate::bpf::loader::load_object("the eBPF object for the waterfall", |l| {
-            l.override_global("WF_CONFIG", &cfg, true)
-                .map_max_entries("WF_SAMPLES", ring)
-        })?;
-        let topology = Topology::read(root);
-        {
-            let mut classes: Array<&mut MapData, u32> = Array::try_from(
-                ebpf.map_mut("WF_CLASS")
-                    .context("map WF_CLASS is not in the eBPF object")?,
-            )?;
-            for a in 0..WF_CPUS {
-                for b in 0..WF_CPUS {
-                    let c = topology.class(a, b);
-                    if c != CLASS_UNKNOWN {
-                        classes
-                            .set(a * WF_CPUS + b, c, 0)
-                            .map_err(|e| anyhow!("filling WF_CLASS: {}", chain(&e)))?;
-                    }
-                }
-            }
+    /// Attach the waterfall's programs in the object `bpf` (loaded with [`Prepared::configure`])
+    /// and take its maps out of it. The programs stay in the object: they are detached with the
+    /// probe table's (the session's `finish`, or its drop). On an error, every program of the
+    /// waterfall attached so far is detached again.
+    pub fn start(p: Prepared, bpf: &mut Bpf) -> Result<Waterfall> {
+        let mut notes = Vec::new();
+        let r = attach_all(bpf.ebpf_mut(), &mut notes);
+        if let Err(e) = r {
+            let attached: Vec<String> = notes
+                .iter()
+                .filter(|n| n.skipped.is_none())
+                .map(|n| n.program.to_owned())
+                .collect();
+            bpf.drop_programs(&attached);
+            return Err(e);
         }
-        let samples = if sample > 0 || timeline > 0 {
+        let ebpf = bpf.ebpf_mut();
+        let samples = if p.sample > 0 || p.timeline > 0 {
             let m = ebpf
                 .take_map("WF_SAMPLES")
                 .context("map WF_SAMPLES is not in the eBPF object")?;
@@ -334,125 +291,45 @@ impl Waterfall {
         } else {
             None
         };
-        let mut wf = Waterfall {
-            ebpf,
-            notes: Vec::new(),
+        let mut maps = std::collections::HashMap::new();
+        for name in READ_MAPS {
+            let m = ebpf
+                .take_map(name)
+                .with_context(|| format!("map {name} is not in the eBPF object"))?;
+            maps.insert(name, m);
+        }
+        Ok(Waterfall {
+            maps,
+            notes,
             samples: RefCell::new(samples),
             taken: RefCell::new(Vec::new()),
-            sample_max: sample,
-            selection: (timeline > 0).then(|| RefCell::new(selection::Selection::new(timeline))),
-            stall_after,
+            sample_max: p.sample,
+            selection: (p.timeline > 0)
+                .then(|| RefCell::new(selection::Selection::new(p.timeline))),
+            stall_after: p.stall_after,
             stalls: RefCell::new(BTreeMap::new()),
             retired: RefCell::new(Retired::default()),
-        };
-        // Consumers before producers: a read seen without its handler only counts unmatched.
-        let required: [(&'static str, &str, bool); 7] = [
-            ("wf_read_entry", "ib_uverbs_comp_event_read", false),
-            ("wf_read_return", "ib_uverbs_comp_event_read", false),
-            ("wf_thread_exit", "sched/sched_process_exit", true),
-            ("wf_sched_switch", "sched/sched_switch", true),
-            ("wf_sched_waking", "sched/sched_waking", true),
-            ("wf_handler_return", "ib_uverbs_comp_handler", false),
-            ("wf_handler_entry", "ib_uverbs_comp_handler", false),
-        ];
-        for (prog, target, tp) in required {
-            let r = if tp {
-                wf.tracepoint(prog, target)
-            } else {
-                wf.kprobe(prog, target)
-            };
-            r.map_err(|e| {
-                anyhow!(Unsupported(format!(
-                    "the waterfall could not attach {prog} to {target}: {e:#}"
-                )))
-            })?;
-            wf.notes.push(AttachNote {
-                program: prog,
-                target: target.to_owned(),
-                skipped: None,
-            });
-        }
-        // Optional: driver time stamps (T0) and the reset of a channel's queue when a new one
-        // is made (a freed channel's address can come back).
-        for (prog, target) in [
-            ("wf_rxe_arm", "rxe_req_notify_cq"),
-            ("wf_rxe_cq_post", "rxe_cq_post"),
-            ("wf_mlx5_cq_comp", "mlx5_ib_cq_comp"),
-            ("wf_queue_init", "ib_uverbs_init_event_queue"),
-        ] {
-            let skipped = wf.kprobe(prog, target).err().map(|e| format!("{e:#}"));
-            wf.notes.push(AttachNote {
-                program: prog,
-                target: target.to_owned(),
-                skipped,
-            });
-        }
-        // mlx5: the completion IRQ that runs before the callback on the same CPU is an earlier
-        // T0. The program is always loaded (so the verifier checks it everywhere), and attached
-        // where such IRQs exist.
-        let irqs = mlx5_completion_irqs(&crate::kernel::facts::Kernel::live().interrupts());
-        let skipped = wf.mlx5_irq(&irqs).err().map(|e| format!("{e:#}"));
-        wf.notes.push(AttachNote {
-            program: "wf_mlx5_irq",
-            target: "raw_tp irq_handler_entry (mlx5 completion IRQs)".to_owned(),
-            skipped,
-        });
-        Ok(wf)
+        })
     }
 
-    /// Program `prog` of the object, as its kind `P`.
-    fn program<'a, P>(&'a mut self, prog: &str) -> Result<&'a mut P>
-    where
-        &'a mut P: TryFrom<&'a mut Program, Error = ProgramError>,
-    {
-        Ok(self
-            .ebpf
-            .program_mut(prog)
-            .with_context(|| format!("program {prog} is not in the eBPF object"))?
-            .try_into()?)
+    /// Map `name`, one of [`READ_MAPS`].
+    fn map(&self, name: &str) -> Result<&aya::maps::Map> {
+        self.maps
+            .get(name)
+            .with_context(|| format!("map {name} is not in the eBPF object"))
     }
 
-    /// Load `wf_mlx5_irq`; with completion IRQs `irqs`, list them and attach it.
-    fn mlx5_irq(&mut self, irqs: &[u32]) -> Result<()> {
-        let p: &mut RawTracePoint = self.program("wf_mlx5_irq")?;
-        p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
-        if irqs.is_empty() {
-            bail!("no mlx5 completion IRQ (mlx5_comp*) in /proc/interrupts");
-        }
-        let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(
-            self.ebpf
-                .map_mut("WF_T0_IRQS")
-                .context("map WF_T0_IRQS is not in the eBPF object")?,
-        )?;
-        for &irq in irqs {
-            map.insert(irq, 1, 0)
-                .map_err(|e| anyhow!("filling WF_T0_IRQS: {}", chain(&e)))?;
-        }
-        let p: &mut RawTracePoint = self.program("wf_mlx5_irq")?;
-        p.attach("irq_handler_entry")
-            .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
-        Ok(())
+    /// Whether the waterfall's programs run on kernel function `function` (for the hooks it
+    /// shares with the probe table).
+    pub fn serves(&self, function: &str) -> bool {
+        self.notes
+            .iter()
+            .any(|n| n.skipped.is_none() && n.target == function)
     }
 
-    fn kprobe(&mut self, prog: &str, function: &str) -> Result<()> {
-        let p: &mut KProbe = self.program(prog)?;
-        p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
-        p.attach(function, 0)
-            .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
-        Ok(())
-    }
-
-    fn tracepoint(&mut self, prog: &str, event: &str) -> Result<()> {
-        let (cat, name) = event.split_once('/').expect("category/name");
-        let p: &mut TracePoint = self.program(prog)?;
-        p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
-        p.attach(cat, name)
-            .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
-        Ok(())
-    }
-
-    /// Run count and time of every attached waterfall program (for the self-cost table).
-    pub fn program_stats(&self) -> Vec<crate::bpf::stats::ProgramStat> {
+    /// Run count and time of every attached waterfall program (for the self-cost table), in
+    /// the object `bpf` it was started in.
+    pub fn program_stats(&self, bpf: &Bpf) -> Vec<crate::bpf::stats::ProgramStat> {
         let misses = crate::bpf::stats::kprobe_misses();
         self.notes
             .iter()
@@ -461,7 +338,7 @@ impl Waterfall {
                 crate::bpf::stats::ProgramStat::of(
                     n.program,
                     &n.target,
-                    self.ebpf.program(n.program)?,
+                    bpf.ebpf().program(n.program)?,
                     misses.as_ref(),
                 )
             })
@@ -558,11 +435,7 @@ impl Waterfall {
     /// Every (process, CQ) row, summed over CPUs.
     fn cq_rows(&self) -> Result<BTreeMap<(u32, u64), model::CqData>> {
         let rows: aya::maps::PerCpuHashMap<&MapData, WfCqKey, WfCqRow> =
-            aya::maps::PerCpuHashMap::try_from(
-                self.ebpf
-                    .map("WF_CQ_ROWS_MAP")
-                    .context("map WF_CQ_ROWS_MAP is not in the eBPF object")?,
-            )?;
+            aya::maps::PerCpuHashMap::try_from(self.map("WF_CQ_ROWS_MAP")?)?;
         let mut out = BTreeMap::new();
         for entry in rows.iter() {
             let (key, values) =
@@ -604,7 +477,7 @@ impl Waterfall {
         let copy = |m: &MapData| -> Result<MapData> {
             Ok(MapData::from_fd(m.fd().as_fd().try_clone_to_owned()?)?)
         };
-        Ok(match self.ebpf.map(name) {
+        Ok(match self.map(name).ok() {
             Some(Map::Array(m)) => Map::Array(copy(m)?),
             Some(Map::PerCpuArray(m)) => Map::PerCpuArray(copy(m)?),
             Some(Map::HashMap(m)) => Map::HashMap(copy(m)?),
@@ -616,7 +489,7 @@ impl Waterfall {
     fn read_batched(&self) -> Option<Vec<RawSlot>> {
         use std::os::fd::{AsFd as _, AsRawFd as _};
         let fd = |name: &str| -> Option<i32> {
-            match self.ebpf.map(name)? {
+            match self.map(name).ok()? {
                 aya::maps::Map::Array(m) | aya::maps::Map::PerCpuArray(m) => {
                     Some(m.fd().as_fd().as_raw_fd())
                 }
@@ -652,21 +525,10 @@ impl Waterfall {
 
     /// [`Self::read_batched`], one lookup per key.
     fn read_by_key(&self) -> Result<Vec<RawSlot>> {
-        let threads: Array<&MapData, WfThread> = Array::try_from(
-            self.ebpf
-                .map("WF_THREAD")
-                .context("map WF_THREAD is not in the eBPF object")?,
-        )?;
-        let counts: PerCpuArray<&MapData, WfCounts> = PerCpuArray::try_from(
-            self.ebpf
-                .map("WF_COUNTS")
-                .context("map WF_COUNTS is not in the eBPF object")?,
-        )?;
-        let hists: PerCpuArray<&MapData, WfHist> = PerCpuArray::try_from(
-            self.ebpf
-                .map("WF_HIST")
-                .context("map WF_HIST is not in the eBPF object")?,
-        )?;
+        let threads: Array<&MapData, WfThread> = Array::try_from(self.map("WF_THREAD")?)?;
+        let counts: PerCpuArray<&MapData, WfCounts> =
+            PerCpuArray::try_from(self.map("WF_COUNTS")?)?;
+        let hists: PerCpuArray<&MapData, WfHist> = PerCpuArray::try_from(self.map("WF_HIST")?)?;
         let mut out = Vec::new();
         for slot in 0..WF_THREADS {
             let per_cpu: Vec<WfCounts> = counts
@@ -697,11 +559,7 @@ impl Waterfall {
     /// `--stall-after` on a channel that has delivered events, diagnosed from the stamps. Each
     /// one is also kept for [`Self::stalls_seen`].
     pub fn check_stalls(&self) -> Result<Vec<stall::Stall>> {
-        let map = |name: &str| {
-            self.ebpf
-                .map(name)
-                .with_context(|| format!("map {name} is not in the eBPF object"))
-        };
+        let map = |name: &str| self.map(name);
         let readings: BpfHashMap<&MapData, u32, WfReading> =
             BpfHashMap::try_from(map("WF_READING")?)?;
         let queues: BpfHashMap<&MapData, u64, WfQueue> = BpfHashMap::try_from(map("WF_QUEUES")?)?;
@@ -825,6 +683,232 @@ impl Waterfall {
     }
 }
 
+/// The maps the waterfall reads once attached, taken out of the object.
+const READ_MAPS: [&str; 9] = [
+    "WF_COUNTS",
+    "WF_HIST",
+    "WF_THREAD",
+    "WF_SLOT_OWNER",
+    "WF_CQ_ROWS_MAP",
+    "WF_READING",
+    "WF_QUEUES",
+    "WF_CQ",
+    "WF_WAKE",
+];
+
+/// The hooks whose probe-table rows the waterfall's programs time as well (see
+/// [`SharedHook`]): the completion handler's entry and return, and rxe's CQE post's entry.
+pub const SHARED_HOOKS: [SharedHook; 2] = [
+    SharedHook {
+        function: "ib_uverbs_comp_handler",
+        global: "WF_KSLOT_HANDLER",
+        entry: true,
+        ret: true,
+    },
+    SharedHook {
+        function: "rxe_cq_post",
+        global: "WF_KSLOT_CQ_POST",
+        entry: true,
+        ret: false,
+    },
+];
+
+/// The waterfall's part of the object, worked out before it is loaded: its `WF_CONFIG` (the
+/// kernel structures' offsets, from BTF and tracefs), the sample ring's size, and what
+/// [`Waterfall::start`] needs then.
+pub struct Prepared {
+    cfg: WfConfig,
+    ring: u32,
+    sample: usize,
+    timeline: usize,
+    stall_after: Duration,
+}
+
+impl Prepared {
+    /// `sample`: keep up to this many per-event records. `timeline`: with a `--timeline`, how
+    /// many events it keeps (the first N, the N slowest per stage), chosen among every event;
+    /// 0 without one. `stall_after`: a read blocked longer is a stall.
+    pub fn new(sample: usize, timeline: usize, stall_after: Duration) -> Result<Prepared> {
+        let root = Path::new("/");
+        let off = btf_offsets(root)?;
+        let kernel = Kernel::at(root);
+        let [
+            rxe_cq_queue,
+            rxe_queue_buf,
+            buf_mask,
+            buf_producer,
+            buf_consumer,
+        ] = off.rxe;
+        let cfg = WfConfig {
+            file_private_data: off.private,
+            ev_queue: off.ev_queue,
+            waking_pid: need_offset(&kernel, "sched/sched_waking", "pid")?,
+            waking_target_cpu: need_offset(&kernel, "sched/sched_waking", "target_cpu")?,
+            switch_next_pid: need_offset(&kernel, "sched/sched_switch", "next_pid")?,
+            switch_prev_pid: need_offset(&kernel, "sched/sched_switch", "prev_pid")?,
+            switch_prev_state: need_offset(&kernel, "sched/sched_switch", "prev_state")?,
+            cq_res_id: off.cq_res_id,
+            // With a timeline every event goes through the ring (drained at each refresh).
+            sample_max: if timeline > 0 {
+                u64::MAX
+            } else {
+                sample as u64
+            },
+            rxe_cq_queue,
+            rxe_queue_buf,
+            buf_mask,
+            buf_producer,
+            buf_consumer,
+            task_state: off.task_state,
+            cq_device: off.cq_device[0],
+            dev_name: off.cq_device[1],
+        };
+        let ncpu = aya::util::nr_cpus().map_err(|(_, e)| anyhow!("counting CPUs: {e}"))?;
+        let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)
+            .max(if timeline > 0 { TIMELINE_RING_BYTES } else { 0 })
+            .next_power_of_two()
+            .clamp(4096, 1 << 28) as u32;
+        Ok(Prepared {
+            cfg,
+            ring,
+            sample,
+            timeline,
+            stall_after,
+        })
+    }
+
+    /// The waterfall's globals, map sizes and shared hooks, into the object's `config`.
+    pub fn configure(&self, config: &mut ObjectConfig) {
+        config.set_global("WF_CONFIG", &self.cfg);
+        config.map_sizes.push(("WF_SAMPLES", self.ring));
+        config.shared.extend(SHARED_HOOKS);
+    }
+}
+
+/// Fill the CPU placement table and attach every program of the waterfall in `ebpf`, noting
+/// each in `notes`: an error when a required one fails.
+fn attach_all(ebpf: &mut Ebpf, notes: &mut Vec<AttachNote>) -> Result<()> {
+    let topology = Topology::read(Path::new("/"));
+    {
+        let mut classes: Array<&mut MapData, u32> = Array::try_from(
+            ebpf.map_mut("WF_CLASS")
+                .context("map WF_CLASS is not in the eBPF object")?,
+        )?;
+        for a in 0..WF_CPUS {
+            for b in 0..WF_CPUS {
+                let c = topology.class(a, b);
+                if c != CLASS_UNKNOWN {
+                    classes
+                        .set(a * WF_CPUS + b, c, 0)
+                        .map_err(|e| anyhow!("filling WF_CLASS: {}", chain(&e)))?;
+                }
+            }
+        }
+    }
+    // Consumers before producers: a read seen without its handler only counts unmatched.
+    let required: [(&'static str, &str, bool); 7] = [
+        ("wf_read_entry", "ib_uverbs_comp_event_read", false),
+        ("wf_read_return", "ib_uverbs_comp_event_read", false),
+        ("wf_thread_exit", "sched/sched_process_exit", true),
+        ("wf_sched_switch", "sched/sched_switch", true),
+        ("wf_sched_waking", "sched/sched_waking", true),
+        ("wf_handler_return", "ib_uverbs_comp_handler", false),
+        ("wf_handler_entry", "ib_uverbs_comp_handler", false),
+    ];
+    for (prog, target, tp) in required {
+        let r = if tp {
+            tracepoint(ebpf, prog, target)
+        } else {
+            kprobe(ebpf, prog, target)
+        };
+        r.map_err(|e| {
+            anyhow!(Unsupported(format!(
+                "the waterfall could not attach {prog} to {target}: {e:#}"
+            )))
+        })?;
+        notes.push(AttachNote {
+            program: prog,
+            target: target.to_owned(),
+            skipped: None,
+        });
+    }
+    // Optional: driver time stamps (T0) and the reset of a channel's queue when a new one is
+    // made (a freed channel's address can come back).
+    for (prog, target) in [
+        ("wf_rxe_arm", "rxe_req_notify_cq"),
+        ("wf_rxe_cq_post", "rxe_cq_post"),
+        ("wf_mlx5_cq_comp", "mlx5_ib_cq_comp"),
+        ("wf_queue_init", "ib_uverbs_init_event_queue"),
+    ] {
+        let skipped = kprobe(ebpf, prog, target).err().map(|e| format!("{e:#}"));
+        notes.push(AttachNote {
+            program: prog,
+            target: target.to_owned(),
+            skipped,
+        });
+    }
+    // mlx5: the completion IRQ that runs before the callback on the same CPU is an earlier T0.
+    // The program is always loaded (so the verifier checks it everywhere), and attached where
+    // such IRQs exist.
+    let irqs = mlx5_completion_irqs(&crate::kernel::facts::Kernel::live().interrupts());
+    let skipped = mlx5_irq(ebpf, &irqs).err().map(|e| format!("{e:#}"));
+    notes.push(AttachNote {
+        program: "wf_mlx5_irq",
+        target: "raw_tp irq_handler_entry (mlx5 completion IRQs)".to_owned(),
+        skipped,
+    });
+    Ok(())
+}
+
+/// Program `prog` of the object, as its kind `P`.
+fn program<'a, P>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut P>
+where
+    &'a mut P: TryFrom<&'a mut Program, Error = ProgramError>,
+{
+    Ok(ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} is not in the eBPF object"))?
+        .try_into()?)
+}
+
+/// Load `wf_mlx5_irq`; with completion IRQs `irqs`, list them and attach it.
+fn mlx5_irq(ebpf: &mut Ebpf, irqs: &[u32]) -> Result<()> {
+    let p: &mut RawTracePoint = program(ebpf, "wf_mlx5_irq")?;
+    p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
+    if irqs.is_empty() {
+        bail!("no mlx5 completion IRQ (mlx5_comp*) in /proc/interrupts");
+    }
+    let mut map: BpfHashMap<&mut MapData, u32, u8> = BpfHashMap::try_from(
+        ebpf.map_mut("WF_T0_IRQS")
+            .context("map WF_T0_IRQS is not in the eBPF object")?,
+    )?;
+    for &irq in irqs {
+        map.insert(irq, 1, 0)
+            .map_err(|e| anyhow!("filling WF_T0_IRQS: {}", chain(&e)))?;
+    }
+    let p: &mut RawTracePoint = program(ebpf, "wf_mlx5_irq")?;
+    p.attach("irq_handler_entry")
+        .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
+    Ok(())
+}
+
+fn kprobe(ebpf: &mut Ebpf, prog: &str, function: &str) -> Result<()> {
+    let p: &mut KProbe = program(ebpf, prog)?;
+    p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
+    p.attach(function, 0)
+        .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
+    Ok(())
+}
+
+fn tracepoint(ebpf: &mut Ebpf, prog: &str, event: &str) -> Result<()> {
+    let (cat, name) = event.split_once('/').expect("category/name");
+    let p: &mut TracePoint = program(ebpf, prog)?;
+    p.load().map_err(|e| anyhow!("loading: {}", chain(&e)))?;
+    p.attach(cat, name)
+        .map_err(|e| anyhow!("attaching: {}", chain(&e)))?;
+    Ok(())
+}
+
 /// Whether thread slot `slot` has an owner: a thread took it (its first event writes its ids
 /// and name before counting), or it is the last slot, which threads share once the others
 /// are taken.
@@ -859,17 +943,34 @@ pub fn mlx5_completion_irqs(interrupts: &[(u32, String)]) -> Vec<u32> {
         .collect()
 }
 
-/// The waterfall for `run`, or `None` with a line saying why not.
-pub fn start_or_explain(
+/// The waterfall's part of the object (its globals and map sizes into `config`), before the
+/// object is loaded; `None` with a line saying why not (or when it is `off`).
+pub fn prepare_or_explain(
     off: bool,
     sample: usize,
     timeline: usize,
     stall_after: Duration,
-) -> Option<Waterfall> {
+    config: &mut ObjectConfig,
+) -> Option<Prepared> {
     if off {
         return None;
     }
-    match Waterfall::start(sample, timeline, stall_after) {
+    match Prepared::new(sample, timeline, stall_after) {
+        Ok(p) => {
+            p.configure(config);
+            Some(p)
+        }
+        Err(e) => {
+            eprintln!("rdma-trace: completion waterfall off: {e:#}");
+            None
+        }
+    }
+}
+
+/// Start the waterfall prepared for `session`'s object (none: it is off), or say why not; then
+/// the probe table attaches its own programs on the shared hooks the waterfall does not serve.
+pub fn start_or_explain(prepared: Option<Prepared>, session: &mut Session) -> Option<Waterfall> {
+    let wf = prepared.and_then(|p| match Waterfall::start(p, session.bpf_mut()) {
         Ok(w) => {
             // Its programs one a line with -v; one line otherwise.
             if crate::verbosity::level() > 0 {
@@ -883,7 +984,9 @@ pub fn start_or_explain(
             eprintln!("rdma-trace: completion waterfall off: {e:#}");
             None
         }
-    }
+    });
+    session.settle_shared(|f| wf.as_ref().is_some_and(|w| w.serves(f)));
+    wf
 }
 
 /// One sampled completion event, as the JSON carries it.

@@ -294,6 +294,7 @@ pub(crate) mod tests {
                 Vec::new()
             },
             note: None,
+            shared_hooks: Vec::new(),
         }
     }
 
