@@ -36,4 +36,8 @@ pub struct IbCqStat {
     /// unknown.
     pub owner: [u8; IBCQ_DEVICE_NAME],
     pub counters: [u64; IBCQ_COUNTERS],
+    /// The `done` callback of the first completion a poll of the CQ returned (a kernel text
+    /// address: the consumer's function, which names the consumer of a pooled CQ); 0 when
+    /// none was read (direct polling, no BTF offsets).
+    pub done: u64,
 }

@@ -93,6 +93,15 @@ static IBCQ_OFF_DEV_NAME: u32 = 0;
 /// Where `res.kern_name` (a `const char *`) is in `struct ib_cq`.
 #[unsafe(no_mangle)]
 static IBCQ_OFF_KERN_NAME: u32 = 0;
+/// Where the poll buffer `wc` (a `struct ib_wc *`) is in `struct ib_cq`, `wr_cqe` in
+/// `struct ib_wc`, and `done` in `struct ib_cqe`: the consumer's callback of a polled
+/// completion. `IBCQ_OFF_WC` 0: not read.
+#[unsafe(no_mangle)]
+static IBCQ_OFF_WC: u32 = 0;
+#[unsafe(no_mangle)]
+static IBCQ_OFF_WR_CQE: u32 = 0;
+#[unsafe(no_mangle)]
+static IBCQ_OFF_CQE_DONE: u32 = 0;
 /// Probe of each interval.
 #[unsafe(no_mangle)]
 static INTERVAL_PROBE: IntervalProbes = [NO_PROBE; MAX_INTERVALS as usize];
@@ -644,10 +653,43 @@ pub fn ibcq_poll(ctx: RawTracePointContext) -> i32 {
             ibcq_add(s, IBCQ_POLLS, 1);
             if rc > 0 {
                 ibcq_add(s, IBCQ_COMPLETIONS, rc as u64);
+                consumer_callback(cq, s);
             }
         }
     }
     0
+}
+
+/// `enum ib_poll_context`'s IB_POLL_DIRECT: its polls fill a buffer on the poller's stack.
+const IB_POLL_DIRECT: u32 = 3;
+
+/// Once per CQ, the `done` callback of the first completion a poll returned: `__ib_process_cq`
+/// polls into `cq->wc` (softirq and workqueue CQs) and fires `cq_poll` before it calls each
+/// completion's `wc->wr_cqe->done`. Three reads, on the CQ's first poll with completions.
+#[inline(always)]
+fn consumer_callback(cq: u64, s: *mut IbCqStat) {
+    let off_wc = config(&IBCQ_OFF_WC);
+    // SAFETY: `s` points into a map value, valid while the program runs; plain loads and one
+    // store of an aligned u64 (two CPUs may both store a callback: either is the CQ's).
+    let (done, poll_ctx) = unsafe { ((*s).done, (*s).poll_ctx) };
+    if off_wc == 0 || done != 0 || poll_ctx == IB_POLL_DIRECT {
+        return;
+    }
+    let read = |addr: u64| -> u64 {
+        // SAFETY: bpf_probe_read_kernel checks the address; a bad one gives an error.
+        unsafe { bpf_probe_read_kernel(addr as *const u64) }.unwrap_or(0)
+    };
+    let wc = read(cq + u64::from(off_wc));
+    if wc == 0 {
+        return;
+    }
+    let cqe = read(wc + u64::from(config(&IBCQ_OFF_WR_CQE)));
+    if cqe == 0 {
+        return;
+    }
+    let f = read(cqe + u64::from(config(&IBCQ_OFF_CQE_DONE)));
+    // SAFETY: as above.
+    unsafe { (*s).done = f };
 }
 
 /// A CQ is freed: its pending start and its entry go (the address can be a new CQ's next; a

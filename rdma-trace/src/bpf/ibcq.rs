@@ -1,7 +1,7 @@
 //! The `ib_cq wakeup` row's per-CQ counts: the `IBCQ` map (one entry per kernel CQ the ib_cq
 //! API woke or polled, keyed by its `struct ib_cq *`), read and turned into report rows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -14,7 +14,7 @@ use rdma_trace_common::ibcq::{
 };
 use serde::Serialize;
 
-use crate::{bpf::c_string, error::chain};
+use crate::{bpf::c_string, error::chain, kernel::facts::TextSymbol};
 
 /// Every entry of the `IBCQ` map, by CQ address.
 pub fn read(ebpf: &Ebpf) -> Result<BTreeMap<u64, IbCqStat>> {
@@ -50,6 +50,13 @@ pub struct CqReport {
     /// cq_poll: polls, and the completions they returned.
     pub polls: u64,
     pub completions: u64,
+    /// The consumer's callback of a completion polled from the CQ (`nvme_rdma_recv_done`),
+    /// null when none was read (direct polling, no BTF) or the address is in no function.
+    pub callback: Option<String>,
+    /// Who consumes the CQ's completions: the module of that callback (`nvme_rdma`,
+    /// `nvmet_rdma`, `rpcrdma`, `ib_core` for the MAD layer), `kernel` when built in. It
+    /// names the consumer of a CQ of ib_core's shared pools, whose `owner` is `ib_core`.
+    pub consumer: Option<String>,
 }
 
 /// `enum ib_poll_context`'s name (include/rdma/ib_verbs.h, 5.x on).
@@ -59,9 +66,22 @@ pub fn poll_ctx_name(v: u32) -> Option<&'static str> {
         .copied()
 }
 
+/// The `done` callbacks the CQs of `stats` recorded (kernel text addresses), for
+/// [`reports`]' `callbacks`.
+pub fn callbacks(stats: &BTreeMap<u64, IbCqStat>) -> Vec<u64> {
+    let mut v: Vec<u64> = stats.values().map(|s| s.done).filter(|&d| d != 0).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 /// The CQs of `after` that had events since `before` (a CQ `before` lacks started at 0), by
-/// device and id.
-pub fn reports(after: &BTreeMap<u64, IbCqStat>, before: &BTreeMap<u64, IbCqStat>) -> Vec<CqReport> {
+/// device and id; each CQ's callback named from `callbacks` (kallsyms, by address).
+pub fn reports(
+    after: &BTreeMap<u64, IbCqStat>,
+    before: &BTreeMap<u64, IbCqStat>,
+    callbacks: &HashMap<u64, TextSymbol>,
+) -> Vec<CqReport> {
     let mut list: Vec<CqReport> = after
         .iter()
         .filter_map(|(cq, a)| {
@@ -80,6 +100,7 @@ pub fn reports(after: &BTreeMap<u64, IbCqStat>, before: &BTreeMap<u64, IbCqStat>
             let labelled = a.labelled == 1;
             let owner = c_string(&a.owner);
             let matched = d[IBCQ_WAKEUPS].saturating_sub(d[IBCQ_UNMATCHED]);
+            let callback = callbacks.get(&a.done);
             Some(CqReport {
                 device: labelled.then(|| c_string(&a.device)),
                 owner: (labelled && !owner.is_empty()).then_some(owner),
@@ -95,6 +116,8 @@ pub fn reports(after: &BTreeMap<u64, IbCqStat>, before: &BTreeMap<u64, IbCqStat>
                 mean_delay_ns: (matched > 0).then(|| d[IBCQ_DELAY_NS] as f64 / matched as f64),
                 polls: d[IBCQ_POLLS],
                 completions: d[IBCQ_COMPLETIONS],
+                callback: callback.map(|c| c.name.clone()),
+                consumer: callback.map(|c| c.module.clone().unwrap_or_else(|| "kernel".to_owned())),
             })
         })
         .collect();
@@ -119,6 +142,7 @@ mod tests {
             device,
             owner,
             counters,
+            done: 0,
         }
     }
 
@@ -135,8 +159,26 @@ mod tests {
             (0x20, stat(2, "rxe0", [3, 0, 300, 3, 3])),
             (0x30, stat(7, "rxe1", [2, 2, 0, 2, 0])),
         ]);
-        let r = reports(&after, &before);
+        let mut after = after;
+        after.get_mut(&0x10).unwrap().done = 0xffff_0010;
+        after.get_mut(&0x30).unwrap().done = 0xffff_0030;
+        assert_eq!(callbacks(&after), vec![0xffff_0010, 0xffff_0030]);
+        let names = HashMap::from([(
+            0xffff_0010,
+            TextSymbol {
+                name: "rpcrdma_wc_receive".into(),
+                module: Some("rpcrdma".into()),
+            },
+        )]);
+        let r = reports(&after, &before, &names);
         assert_eq!(r.len(), 2, "the idle CQ 2 is left out: {r:?}");
+        assert_eq!(r[0].callback.as_deref(), Some("rpcrdma_wc_receive"));
+        assert_eq!(r[0].consumer.as_deref(), Some("rpcrdma"));
+        assert_eq!(
+            (r[1].callback.as_deref(), r[1].consumer.as_deref()),
+            (None, None),
+            "an address kallsyms does not name"
+        );
         assert_eq!(r[0].device.as_deref(), Some("rxe0"));
         assert_eq!(r[0].id, Some(1));
         assert_eq!(r[0].poll_ctx, Some("workqueue"));
@@ -154,10 +196,18 @@ mod tests {
     fn unlabelled_cqs_have_null_labels_and_poll_contexts_are_named() {
         let mut s = stat(3, "rxe0", [1, 0, 10, 1, 1]);
         s.owner = [0; 16];
-        let r = reports(&BTreeMap::from([(0x40, s)]), &BTreeMap::new());
+        let r = reports(
+            &BTreeMap::from([(0x40, s)]),
+            &BTreeMap::new(),
+            &HashMap::new(),
+        );
         assert_eq!(r[0].owner, None, "no kern_name: no owner");
         s.labelled = 0;
-        let r = reports(&BTreeMap::from([(0x40, s)]), &BTreeMap::new());
+        let r = reports(
+            &BTreeMap::from([(0x40, s)]),
+            &BTreeMap::new(),
+            &HashMap::new(),
+        );
         assert_eq!(
             (r[0].device.clone(), r[0].id, r[0].poll_ctx),
             (None, None, None)

@@ -133,6 +133,16 @@ impl Kernel {
             .unwrap_or_default()
     }
 
+    /// The kernel text symbol each of `addrs` lies in (`/proc/kallsyms`, one pass), by address.
+    pub fn symbols_at(&self, addrs: &[u64]) -> HashMap<u64, TextSymbol> {
+        if addrs.is_empty() {
+            return HashMap::new();
+        }
+        fs::read_to_string(self.path("/proc/kallsyms"))
+            .map(|text| symbols_at_in(&text, addrs))
+            .unwrap_or_default()
+    }
+
     /// Names of the loaded modules (`/proc/modules`), `None` when unreadable.
     pub fn loaded_modules(&self) -> Option<HashSet<String>> {
         let text = fs::read_to_string(self.path("/proc/modules")).ok()?;
@@ -244,6 +254,53 @@ impl Kernel {
             .map(|t| parse_interrupts(&t))
             .unwrap_or_default()
     }
+}
+
+/// A kernel function an address lies in: its name, and its module (none: built in).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TextSymbol {
+    pub name: String,
+    pub module: Option<String>,
+}
+
+/// A function is taken to hold an address at most this far past its start.
+const MAX_FUNCTION_BYTES: u64 = 1 << 16;
+
+/// For each of `addrs`, the text symbol of kallsyms-formatted `text` that starts at it or
+/// nearest below it (within [`MAX_FUNCTION_BYTES`]); addresses with none are left out.
+pub fn symbols_at_in(text: &str, addrs: &[u64]) -> HashMap<u64, TextSymbol> {
+    let mut syms: Vec<(u64, &str, Option<&str>)> = text
+        .lines()
+        .filter_map(|line| {
+            let mut it = line.split_ascii_whitespace();
+            let (addr, kind, name) = (it.next()?, it.next()?, it.next()?);
+            if !matches!(kind, "t" | "T") {
+                return None;
+            }
+            let addr = u64::from_str_radix(addr, 16).ok().filter(|&a| a != 0)?;
+            let module = it
+                .next()
+                .map(|m| m.trim_start_matches('[').trim_end_matches(']'));
+            Some((addr, name, module))
+        })
+        .collect();
+    syms.sort_unstable_by_key(|s| s.0);
+    addrs
+        .iter()
+        .filter_map(|&a| {
+            let i = syms.partition_point(|s| s.0 <= a).checked_sub(1)?;
+            let (start, name, module) = syms[i];
+            (a - start < MAX_FUNCTION_BYTES).then(|| {
+                (
+                    a,
+                    TextSymbol {
+                        name: name.to_owned(),
+                        module: module.map(str::to_owned),
+                    },
+                )
+            })
+        })
+        .collect()
 }
 
 /// Find the text symbols `names` in kallsyms-formatted `text` (`addr type name [module]`).
@@ -536,6 +593,51 @@ print fmt: \"pid=%d comm=%s clone_flags=%lx oom_score_adj=%hd\", REC->pid, REC->
         fs::remove_dir_all(&root).unwrap();
         assert_eq!(format.as_deref(), Some(NEWTASK));
         assert_eq!(other, None);
+    }
+
+    #[test]
+    fn an_address_is_named_by_the_text_symbol_it_lies_in() {
+        // The truth: the listing itself, in kallsyms' unsorted module order, with data
+        // symbols between the functions and a hidden (zero) address.
+        let text = "\
+ffffffffc0a20000 t nvmet_rdma_recv_done\t[nvmet_rdma]
+ffffffffc0a10000 t nvme_rdma_recv_done\t[nvme_rdma]
+ffffffffc0a10100 d nvme_rdma_data\t[nvme_rdma]
+ffffffff81000000 T _stext
+0000000000000000 t hidden
+ffffffffc0a10200 t nvme_rdma_send_done\t[nvme_rdma]
+";
+        let got = symbols_at_in(
+            text,
+            &[
+                0xffffffffc0a10000,
+                0xffffffffc0a10150,
+                0xffffffffc0a20010,
+                0xffffffff81000000 + MAX_FUNCTION_BYTES,
+                0x10,
+            ],
+        );
+        let named = |a: u64| got.get(&a).map(|s| (s.name.as_str(), s.module.as_deref()));
+        assert_eq!(
+            named(0xffffffffc0a10000),
+            Some(("nvme_rdma_recv_done", Some("nvme_rdma")))
+        );
+        // In the function before the data symbol.
+        assert_eq!(
+            named(0xffffffffc0a10150),
+            Some(("nvme_rdma_recv_done", Some("nvme_rdma")))
+        );
+        assert_eq!(
+            named(0xffffffffc0a20010),
+            Some(("nvmet_rdma_recv_done", Some("nvmet_rdma")))
+        );
+        assert_eq!(
+            named(0xffffffff81000000 + MAX_FUNCTION_BYTES),
+            None,
+            "too far"
+        );
+        assert_eq!(named(0x10), None, "below every function");
+        assert_eq!(got.len(), 3);
     }
 
     #[test]

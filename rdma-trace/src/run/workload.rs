@@ -132,7 +132,9 @@ pub async fn run(args: &RunConfig, target: Target) -> Result<Option<i32>> {
         let (wf_window, stalls) =
             super::report::waterfall_window(wf.as_ref().zip(wf_before.as_ref()))?;
         let procs_after = workload::read_processes(session.bpf().ebpf())?;
-        let cqs = ibcq::reports(&ibcq::read(session.bpf().ebpf())?, &cqs_before);
+        let cqs_after = ibcq::read(session.bpf().ebpf())?;
+        let callbacks = kernel.symbols_at(&ibcq::callbacks(&cqs_after));
+        let cqs = ibcq::reports(&cqs_after, &cqs_before, &callbacks);
         let rdma_cm = cma::report(&cma::read(session.bpf().ebpf())?, &cm_before);
         let nvme_io = nvme::report(&nvme::read(session.bpf().ebpf())?, &nvme_before);
         let data = delta(&after, &before);
@@ -373,15 +375,16 @@ fn render_cqs(list: &[ibcq::CqReport]) -> String {
         return String::new();
     }
     let mut out = String::from(
-        "kernel CQs (ib_cq API: NVMe-oF, NFS over RDMA, the MAD layer; wake-up = cq_schedule → cq_process):
+        "kernel CQs (ib_cq API: NVMe-oF, NFS over RDMA, the MAD layer; consumer = the module of a polled completion's callback; wake-up = cq_schedule → cq_process):
 ",
     );
     out.push_str(&format!(
-        "  {:<16} {:>5} {:<12} {:<17} {:>6} {:>9} {:>9} {:>12} {:>9} {:>11}
+        "  {:<16} {:>5} {:<12} {:<12} {:<17} {:>6} {:>9} {:>9} {:>12} {:>9} {:>11}
 ",
         "device",
         "cq",
         "owner",
+        "consumer",
         "poll ctx",
         "vector",
         "wake-ups",
@@ -392,11 +395,12 @@ fn render_cqs(list: &[ibcq::CqReport]) -> String {
     ));
     for c in list {
         out.push_str(&format!(
-            "  {:<16} {:>5} {:<12} {:<17} {:>6} {:>9} {:>9} {:>12} {:>9} {:>11}
+            "  {:<16} {:>5} {:<12} {:<12} {:<17} {:>6} {:>9} {:>9} {:>12} {:>9} {:>11}
 ",
             c.device.as_deref().unwrap_or("?"),
             c.id.map_or("?".to_owned(), |i| i.to_string()),
             c.owner.as_deref().unwrap_or("?"),
+            c.consumer.as_deref().unwrap_or("?"),
             c.poll_ctx.unwrap_or("?"),
             c.comp_vector.map_or("?".to_owned(), |v| v.to_string()),
             c.wakeups,

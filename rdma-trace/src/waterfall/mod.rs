@@ -124,8 +124,9 @@ fn btf_offsets(root: &Path) -> Result<Offsets> {
 }
 
 /// The globals of the `ib_cq wakeup` row's per-CQ labels (`IBCQ_OFF_*`): where `struct ib_cq`'s
-/// `res.id`, `poll_ctx`, `comp_vector` and `device` are, and `struct ib_device`'s `name`, from
-/// ib_core's BTF. An error says what is missing: the eBPF programs then count the CQs
+/// `res.id`, `poll_ctx`, `comp_vector`, `device`, `res.kern_name` and poll buffer `wc` are,
+/// `struct ib_device`'s `name`, `struct ib_wc`'s `wr_cqe` and `struct ib_cqe`'s `done` (the
+/// consumer's callback), from ib_core's BTF. An error says what is missing: the eBPF programs then count the CQs
 /// unlabelled.
 pub fn ib_cq_label_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
     let dir = root.join("sys/kernel/btf");
@@ -143,6 +144,9 @@ pub fn ib_cq_label_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
         b.member_offset("ib_cq", "device")?,
         b.member_offset("ib_device", "name")?,
         b.member_offset("ib_cq", "res")? + b.member_offset("rdma_restrack_entry", "kern_name")?,
+        b.member_offset("ib_cq", "wc")?,
+        b.member_offset("ib_wc", "wr_cqe")?,
+        b.member_offset("ib_cqe", "done")?,
     ];
     Ok([
         "IBCQ_LABELS",
@@ -152,6 +156,9 @@ pub fn ib_cq_label_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
         "IBCQ_OFF_DEVICE",
         "IBCQ_OFF_DEV_NAME",
         "IBCQ_OFF_KERN_NAME",
+        "IBCQ_OFF_WC",
+        "IBCQ_OFF_WR_CQE",
+        "IBCQ_OFF_CQE_DONE",
     ]
     .into_iter()
     .zip(offsets)

@@ -177,6 +177,12 @@ fn nfs_over_rdma_mount_and_reads_poll_each_sides_cqs_in_the_kernel() {
                 c["poll_ctx"], "workqueue",
                 "xprtrdma and svcrdma poll in a workqueue: {c}"
             );
+            // The consumer comes from another source than the owner: the module of the
+            // callback of a completion polled from the CQ (kallsyms), where the owner is the
+            // CQ's restrack name. A CQ that polled anything names it.
+            if c["completions"].as_u64() > Some(0) {
+                assert_eq!(c["consumer"], "rpcrdma", "{c}");
+            }
             rpcrdma += c["completions"].as_u64().expect("completions");
             rpcrdma_cqs += 1;
         }

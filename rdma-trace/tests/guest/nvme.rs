@@ -478,13 +478,16 @@ fn nvme_over_rdma_reads_poll_the_cq_in_the_kernel() {
         // The nvme CQs (dd's reads spread over the queues' CQs), not the MAD layer's, which
         // carries none of dd's traffic.
         if completions >= N / 10 {
-            let (side, ctx) = match dev.as_str() {
-                "rxe1" => (0, "softirq"),
-                "rxe0" => (1, "workqueue"),
+            let (side, ctx, consumer) = match dev.as_str() {
+                "rxe1" => (0, "softirq", "nvme_rdma"),
+                "rxe0" => (1, "workqueue", "nvmet_rdma"),
                 _ => panic!("CQ {c} on neither test bed device"),
             };
             assert_eq!(c["poll_ctx"], ctx, "{c}");
             assert_eq!(owner, "ib_core", "a pooled CQ: {c}");
+            // Its consumer, named by its completions' callback: the host's queues on rxe1,
+            // the target's on rxe0, as the test bed set them up.
+            assert_eq!(c["consumer"], consumer, "{c}");
             side_completions[side] += completions;
         }
     }
