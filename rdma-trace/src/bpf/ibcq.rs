@@ -59,6 +59,9 @@ pub struct CqReport {
     pub consumer: Option<String>,
 }
 
+/// `enum ib_poll_context`'s IB_POLL_DIRECT.
+const IB_POLL_DIRECT: u32 = 3;
+
 /// `enum ib_poll_context`'s name (include/rdma/ib_verbs.h, 5.x on).
 pub fn poll_ctx_name(v: u32) -> Option<&'static str> {
     ["softirq", "workqueue", "unbound_workqueue", "direct"]
@@ -103,7 +106,7 @@ pub fn reports(
             let callback = callbacks.get(&a.done);
             Some(CqReport {
                 device: labelled.then(|| c_string(&a.device)),
-                owner: (labelled && !owner.is_empty()).then_some(owner),
+                owner: (labelled && !owner.is_empty()).then(|| owner.clone()),
                 id: labelled.then_some(a.id),
                 poll_ctx: if labelled {
                     poll_ctx_name(a.poll_ctx)
@@ -117,7 +120,14 @@ pub fn reports(
                 polls: d[IBCQ_POLLS],
                 completions: d[IBCQ_COMPLETIONS],
                 callback: callback.map(|c| c.name.clone()),
-                consumer: callback.map(|c| c.module.clone().unwrap_or_else(|| "kernel".to_owned())),
+                consumer: match callback {
+                    Some(c) => Some(c.module.clone().unwrap_or_else(|| "kernel".to_owned())),
+                    // ib_core's pools hand out no directly polled CQ: its owner consumes it.
+                    None if labelled && a.poll_ctx == IB_POLL_DIRECT && !owner.is_empty() => {
+                        Some(owner)
+                    }
+                    None => None,
+                },
             })
         })
         .collect();
@@ -212,6 +222,16 @@ mod tests {
             (r[0].device.clone(), r[0].id, r[0].poll_ctx),
             (None, None, None)
         );
+        // A directly polled CQ (never pooled) is consumed by its owner.
+        let mut d = stat(5, "rxe1", [1, 1, 0, 9, 1]);
+        d.poll_ctx = IB_POLL_DIRECT;
+        let r = reports(
+            &BTreeMap::from([(0x50, d)]),
+            &BTreeMap::new(),
+            &HashMap::new(),
+        );
+        assert_eq!(r[0].consumer.as_deref(), Some("rpcrdma"));
+        assert_eq!(r[0].callback, None);
         assert_eq!(poll_ctx_name(0), Some("softirq"));
         assert_eq!(poll_ctx_name(3), Some("direct"));
         assert_eq!(poll_ctx_name(4), None);

@@ -5,14 +5,18 @@
 //! "expected 0" for the user-space verbs demos, counts here.
 
 use std::{
+    os::fd::AsRawFd as _,
     path::Path,
-    process::Command,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use super::{
+    RDMA_TRACE,
     consumers::{checked_cqs, load_consumer, run, run_ok, write},
-    harness::{count, run_json},
+    harness::{count, read_json, run_json, temp_json, wait_tracing},
+    kill_on_drop::KillOnDrop,
+    wait_timeout,
 };
 
 /// The subsystem the target exports.
@@ -119,7 +123,17 @@ impl NvmeOverRdma {
         Self::connect_with(Some(delay_ns))
     }
 
+    /// [`NvmeOverRdma::connect`] with one poll queue (`nvme connect -P 1`) beside the
+    /// interrupt-driven ones.
+    fn with_poll_queue() -> Self {
+        Self::connect_as(None, &["--nr-poll-queues", "1"])
+    }
+
     fn connect_with(slow_ns: Option<u64>) -> Self {
+        Self::connect_as(slow_ns, &[])
+    }
+
+    fn connect_as(slow_ns: Option<u64>, connect_args: &[&str]) -> Self {
         load_consumer("null_blk", &["nr_devices=1"]);
         load_consumer("nvmet_rdma", &[]);
         load_consumer("nvme_rdma", &[]);
@@ -171,23 +185,27 @@ impl NvmeOverRdma {
         std::os::unix::fs::symlink(&subsys, format!("{port}/subsystems/{NQN}"))
             .unwrap_or_else(|e| panic!("linking {NQN} to port {PORT}: {e}"));
         // The host: to 10.9.0.1 from 10.9.0.2, i.e. from rxe1 to rxe0.
-        run_ok(Command::new("nvme").args([
-            "connect",
-            "-t",
-            "rdma",
-            "-a",
-            "10.9.0.1",
-            "-s",
-            "4420",
-            "-w",
-            "10.9.0.2",
-            "-n",
-            NQN,
-            "--hostnqn",
-            &format!("nqn.2014-08.org.nvmexpress:uuid:{HOST_ID}"),
-            "--hostid",
-            HOST_ID,
-        ]));
+        run_ok(
+            Command::new("nvme")
+                .args([
+                    "connect",
+                    "-t",
+                    "rdma",
+                    "-a",
+                    "10.9.0.1",
+                    "-s",
+                    "4420",
+                    "-w",
+                    "10.9.0.2",
+                    "-n",
+                    NQN,
+                    "--hostnqn",
+                    &format!("nqn.2014-08.org.nvmexpress:uuid:{HOST_ID}"),
+                    "--hostid",
+                    HOST_ID,
+                ])
+                .args(connect_args),
+        );
         guard.disk = wait_for_namespace(1);
         guard.slow_disk = slow_ns.map(|_| wait_for_namespace(2));
         guard
@@ -715,3 +733,134 @@ const STAGES: &[&str] = &[
     "poll started → callback",
     "callback → completed",
 ];
+
+/// `n` polled 4 KiB reads of `/dev/{disk}` from this thread, one at a time: O_DIRECT through an
+/// io_uring set up with IOPOLL, whose wait for each completion polls the queue's CQ in this
+/// thread's context (no interrupt, no wake-up; since 5.16 only io_uring polls block I/O).
+/// Returns how many read a whole block.
+fn polled_reads(disk: &str, n: u64) -> u64 {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    const BLOCK: usize = 4096;
+    let path = format!("/dev/{disk}");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("open {path} O_DIRECT: {e}"));
+    let mut ring = io_uring::IoUring::builder()
+        .setup_iopoll()
+        .build(8)
+        .expect("an io_uring with IOPOLL");
+    // O_DIRECT wants a block-aligned buffer.
+    let mut buf = vec![0u8; 2 * BLOCK];
+    let skip = buf.as_ptr().align_offset(BLOCK);
+    let block = &mut buf[skip..skip + BLOCK];
+    let mut whole = 0;
+    for i in 0..n {
+        let read = io_uring::opcode::Read::new(
+            io_uring::types::Fd(file.as_raw_fd()),
+            block.as_mut_ptr(),
+            BLOCK as u32,
+        )
+        .offset(i % 256 * BLOCK as u64)
+        .build()
+        .user_data(i);
+        // SAFETY: the read's buffer and fd outlive it: it completes (waited for below) before
+        // the next one is queued and before either is dropped.
+        unsafe { ring.submission().push(&read) }.expect("room in the submission queue");
+        ring.submit().expect("io_uring_enter");
+        // An IOPOLL wait may return before the completion has been polled in: poll again.
+        let cqe: io_uring::cqueue::Entry = loop {
+            if let Some(cqe) = ring.completion().next() {
+                break cqe;
+            }
+            ring.submit_and_wait(1).expect("io_uring_enter");
+        };
+        if cqe.result() == BLOCK as i32 {
+            whole += 1;
+        }
+    }
+    whole
+}
+
+/// Poll queues (`nvme connect -P 1`): nvme-rdma gives each its own CQ, allocated with
+/// IB_POLL_DIRECT (not from ib_core's pools), and a polled read completes by its submitter
+/// polling that CQ: no schedule, no softirq or kworker wake-up. Independent truths: the
+/// kernel's own flag that the disk polls (`queue/io_poll`), the reads this test made (and the
+/// host disk's count of them), and `rdma res show cq` (the CQ and its owner).
+#[test]
+fn nvme_poll_queues_show_as_a_directly_polled_cq() {
+    const N: u64 = 200;
+    let nvme = NvmeOverRdma::with_poll_queue();
+    let io_poll = std::fs::read_to_string(format!("/sys/block/{}/queue/io_poll", nvme.disk))
+        .unwrap_or_default();
+    assert_eq!(io_poll.trim(), "1", "{} has a poll queue", nvme.disk);
+    let json = temp_json("nvme-poll");
+    let mut tracer = KillOnDrop::spawn(
+        Command::new(RDMA_TRACE)
+            .args(["run", "--no-tui", "--probes", "full", "--duration", "10"])
+            .args(["--json", json.to_str().unwrap()])
+            .args(["--pid", &std::process::id().to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let mut err = wait_tracing(&mut tracer);
+    let before = read_time(&nvme.disk).0;
+    let read = polled_reads(&nvme.disk, N);
+    let host_reads = read_time(&nvme.disk).0 - before;
+    let status = wait_timeout(&mut tracer, Duration::from_secs(120));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert!(status.success(), "rdma-trace run --pid: {rest}");
+    assert_eq!(read, N, "every polled read read a block");
+    assert_eq!(host_reads, N, "the host disk counted the polled reads");
+    let doc = read_json(&json);
+    let phase = &doc["phases"][0];
+    let cqs = checked_cqs(phase, "nvme-poll");
+    let direct: Vec<_> = cqs
+        .iter()
+        .filter(|(c, ..)| c["poll_ctx"] == "direct")
+        .collect();
+    eprintln!("nvme-poll: direct CQs {direct:?}; nvme {}", phase["nvme"]);
+    assert_eq!(
+        direct.len(),
+        1,
+        "one poll queue, one directly polled CQ: {cqs:?}"
+    );
+    let (c, dev, owner) = direct[0];
+    assert_eq!(dev, "rxe1", "the host's poll queue: {c}");
+    assert_eq!(
+        owner, "nvme_rdma",
+        "allocated by nvme-rdma itself, not pooled: {c}"
+    );
+    let polls = c["polls"].as_u64().expect("polls");
+    let completions = c["completions"].as_u64().expect("completions");
+    assert!(
+        polls >= N && completions >= N,
+        "each of the {N} polled reads polled its response off the CQ: {c}"
+    );
+    // Direct polling has no schedule: every poll round counts as a wake-up without one. Its
+    // consumer is its owner (ib_core's pools hand out no directly polled CQ).
+    assert_eq!(c["unmatched"], c["wakeups"], "{c}");
+    assert_eq!(c["consumer"], "nvme_rdma", "{c}");
+    // The split: each read was found by its submitter's poll, with no poll round of a
+    // scheduled CQ around its callback.
+    let io = &phase["nvme"];
+    assert_eq!(io["reads"], N, "{io}");
+    let stage_count = |name: &str| -> u64 {
+        io["stages"]
+            .as_array()
+            .expect("stages")
+            .iter()
+            .find(|s| s["stage"] == name)
+            .and_then(|s| s["count"].as_u64())
+            .unwrap_or_else(|| panic!("no stage {name}: {io}"))
+    };
+    assert_eq!(
+        stage_count("sent → callback (no poll round of its own)"),
+        N,
+        "{io}"
+    );
+    assert_eq!(stage_count("sent → CQ scheduled"), 0, "{io}");
+    drop(nvme);
+}
