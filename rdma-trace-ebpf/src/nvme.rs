@@ -256,3 +256,86 @@ pub fn nvme_complete_rq(ctx: RawTracePointContext) -> i32 {
     }
     0
 }
+
+// ---- the `nvmet io` row: the NVMe over RDMA target's time per I/O command, from the command's
+// start (nvmet:nvmet_req_init, once nvmet-rdma has parsed the received command) to its
+// completion (nvmet:nvmet_req_complete, the backend done, before the response is posted).
+
+/// Probe of the `nvmet io` row, or NO_PROBE.
+#[unsafe(no_mangle)]
+pub static NVMET_IO_PROBE: u32 = NO_PROBE;
+/// Offsets of `sq` in `struct nvmet_req` and of `qid` in `struct nvmet_sq` (nvmet's BTF): the
+/// admin queue (qid 0) is left out. 0: unknown, every command counts.
+#[unsafe(no_mangle)]
+static NVMET_OFF_SQ: u32 = 0;
+#[unsafe(no_mangle)]
+static NVMET_OFF_QID: u32 = 0;
+
+/// Start of each target command in flight, by `struct nvmet_req *` (a request is reused for
+/// the queue's next command: a new start overwrites).
+#[map]
+static NVMET_INFLIGHT: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
+
+/// Whether `req` is an I/O queue's command (not the admin queue's), or its queue is unknown.
+#[inline(always)]
+fn nvmet_io_queue(req: u64) -> bool {
+    let off_sq = config(&NVMET_OFF_SQ);
+    if off_sq == 0 {
+        return true;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address; a bad one gives an error.
+    let sq: u64 = unsafe {
+        aya_ebpf::helpers::bpf_probe_read_kernel((req + u64::from(off_sq)) as *const u64)
+    }
+    .unwrap_or(0);
+    // SAFETY: as above.
+    let qid: u16 = unsafe {
+        aya_ebpf::helpers::bpf_probe_read_kernel(
+            (sq + u64::from(config(&NVMET_OFF_QID))) as *const u16,
+        )
+    }
+    .unwrap_or(0);
+    sq == 0 || qid != 0
+}
+
+/// TP_PROTO(struct nvmet_req *req, struct nvme_command *cmd): a received command starts.
+#[raw_tracepoint(tracepoint = "nvmet_req_init")]
+pub fn nvmet_req_init(ctx: RawTracePointContext) -> i32 {
+    let probe = config(&NVMET_IO_PROBE);
+    if probe == NO_PROBE {
+        return 0;
+    }
+    let req: u64 = ctx.arg(0);
+    if !nvmet_io_queue(req) {
+        return 0;
+    }
+    let t = now();
+    if let Some(r) = row(probe) {
+        count_in(probe, r, C_EVENTS);
+        if NVMET_INFLIGHT.insert(req, t, 0).is_err() {
+            // The map is full: this command's time is not taken (counted as unmatched).
+            count_in(probe, r, rdma_trace_common::C_UNMATCHED);
+        }
+    }
+    0
+}
+
+/// TP_PROTO(struct nvmet_req *req): the command completes (its status set, the response next).
+#[raw_tracepoint(tracepoint = "nvmet_req_complete")]
+pub fn nvmet_req_complete(ctx: RawTracePointContext) -> i32 {
+    let probe = config(&NVMET_IO_PROBE);
+    if probe == NO_PROBE {
+        return 0;
+    }
+    let req: u64 = ctx.arg(0);
+    // SAFETY: the value is copied out before the entry is removed.
+    let Some(start) = (unsafe { NVMET_INFLIGHT.get(req) }).copied() else {
+        return 0;
+    };
+    let _ = NVMET_INFLIGHT.remove(req);
+    let t = now();
+    if let Some(r) = row(probe) {
+        record_in(r, t.saturating_sub(start));
+    }
+    0
+}

@@ -488,6 +488,10 @@ fn program_targets(probe: &Value) -> (Vec<String>, usize) {
             ]),
             1,
         ),
+        ("raw_tp", "nvmet io") => (
+            owned(&["raw_tp nvmet_req_init", "raw_tp nvmet_req_complete"]),
+            1,
+        ),
         ("raw_tp", "rdma_cm connect") => (
             owned(&[
                 "raw_tp cm_send_req",

@@ -322,6 +322,7 @@ impl Bpf {
                 .override_global("CQ_WAKEUP_PROBE", &plan.cq_wakeup_probe, true)
                 .override_global("CM_CONNECT_PROBE", &plan.cm_connect_probe, true)
                 .override_global("NVME_IO_PROBE", &plan.nvme_io_probe, true)
+                .override_global("NVMET_IO_PROBE", &plan.nvmet_io_probe, true)
                 .override_global("INTERVAL_PROBE", &plan.interval_probe, true)
                 .override_global(crate::bpf::log::LEVEL_GLOBAL, &log_level, false)
         })?;
@@ -463,6 +464,12 @@ impl Bpf {
             Some(o @ Outcome::Skipped(_)) => o.clone(),
             _ => self.attach_nvme_io(),
         });
+        let nvmet_io = (plan.nvmet_io_probe != NO_PROBE).then(|| {
+            self.attach_raw_tracepoints(&[
+                ("nvmet_req_init", "nvmet_req_init"),
+                ("nvmet_req_complete", "nvmet_req_complete"),
+            ])
+        });
         let irq_map = plan.irq_map();
         let irq = (!irq_map.is_empty()).then(|| match self.fill_irq_map(&irq_map) {
             Ok(()) => self.attach_raw_tracepoints(&[
@@ -509,6 +516,7 @@ impl Bpf {
                     Shape::NapiPoll => napi.clone(),
                     Shape::CqWakeup => cq_wakeup.clone(),
                     Shape::NvmeIo => nvme_io.clone(),
+                    Shape::NvmetIo => nvmet_io.clone(),
                     Shape::CmConnect => cm_connect.clone(),
                     Shape::Irq { .. } => irq.clone(),
                     Shape::UserFunction { .. } => user.get(&p.id).cloned(),

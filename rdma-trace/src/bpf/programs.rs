@@ -58,6 +58,8 @@ mod tests {
         ("nvme_setup_cmd", "bpf.rs: nvme io probe"),
         ("nvme_post_send", "bpf.rs: nvme io probe"),
         ("nvme_callback", "bpf.rs: nvme io probe"),
+        ("nvmet_req_init", "bpf.rs: nvmet io probe"),
+        ("nvmet_req_complete", "bpf.rs: nvmet io probe"),
         ("nvme_complete_rq", "bpf.rs: nvme io probe"),
         ("cm_send_req", "bpf.rs: rdma_cm connect probe"),
         ("cm_event_handler", "bpf.rs: rdma_cm connect probe"),

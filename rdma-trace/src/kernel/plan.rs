@@ -350,6 +350,8 @@ pub struct Plan {
     pub cm_connect_probe: u32,
     /// The NVMe over RDMA I/O row (`NVME_IO_PROBE`), or NO_PROBE.
     pub nvme_io_probe: u32,
+    /// The NVMe over RDMA target row (`NVMET_IO_PROBE`), or NO_PROBE.
+    pub nvmet_io_probe: u32,
     pub interval_probe: [u32; MAX_INTERVALS as usize],
 }
 
@@ -402,6 +404,7 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
         cq_wakeup_probe: NO_PROBE,
         cm_connect_probe: NO_PROBE,
         nvme_io_probe: NO_PROBE,
+        nvmet_io_probe: NO_PROBE,
         interval_probe: [NO_PROBE; MAX_INTERVALS as usize],
     };
     let mut intervals = 0u32;
@@ -448,6 +451,7 @@ pub fn plan(defs: &[ProbeDef], facts: &Facts, opts: Options) -> Plan {
                 Shape::CqWakeup => plan.cq_wakeup_probe = id,
                 Shape::CmConnect => plan.cm_connect_probe = id,
                 Shape::NvmeIo => plan.nvme_io_probe = id,
+                Shape::NvmetIo => plan.nvmet_io_probe = id,
                 Shape::Irq { .. } | Shape::UserFunction { .. } => {}
             }
         }
@@ -564,6 +568,8 @@ fn static_decision(def: &ProbeDef, facts: &Facts, opts: Options, irqs: &mut Vec<
             .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
         Shape::NvmeIo => tracepoint(facts, def, NVME_IO_EVENTS)
             .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
+        Shape::NvmetIo => tracepoint(facts, def, NVMET_IO_EVENTS)
+            .unwrap_or(Decision::Try(vec![Method::RawTracepoint])),
         Shape::UserFunction { library, .. } => {
             if !opts.uprobes {
                 Decision::Skip(SkipReason::UprobesOptIn)
@@ -625,6 +631,9 @@ pub const NVME_IO_EVENTS: &[&str] = &[
     "rdma_core:cq_process",
     "rdma_core:cq_poll",
 ];
+
+/// The tracepoints of the NVMe target row ([`Shape::NvmetIo`]), in nvmet.
+pub const NVMET_IO_EVENTS: &[&str] = &["nvmet:nvmet_req_init", "nvmet:nvmet_req_complete"];
 
 /// `Some(Skip)` when tracefs lists events and one of `events` is missing.
 fn tracepoint(facts: &Facts, _def: &ProbeDef, events: &[&str]) -> Option<Decision> {

@@ -89,6 +89,9 @@ pub enum Shape {
     /// (`nvme:nvme_complete_rq`) (ns), split into stages with `nvme_rdma_post_send`, the
     /// ib_cq poll round and `blk_mq_complete_request_remote` (kprobes).
     NvmeIo,
+    /// NVMe over RDMA target commands of the I/O queues, started (`nvmet:nvmet_req_init`) →
+    /// completed (`nvmet:nvmet_req_complete`) (ns).
+    NvmetIo,
     /// Entry → return of a function in a shared library, in the watched processes (ns).
     UserFunction {
         library: &'static str,
@@ -430,6 +433,19 @@ pub const PROBES: &[ProbeDef] = &[
         methods: TRACEPOINT,
         zero_note: Some("no NVMe over RDMA I/O completed in the window (nvme-rdma connected?)"),
         module: Some("nvme_rdma"),
+        since: None,
+        role: Role::Stage,
+        preset: Preset::Full,
+    },
+    // ---- generic: NVMe over RDMA, per target command (nvmet-rdma): the target's own time.
+    ProbeDef {
+        name: Cow::Borrowed("nvmet io"),
+        what: "an NVMe over RDMA target command of an I/O queue, started (nvmet:nvmet_req_init, once nvmet-rdma has the command) → completed (nvmet:nvmet_req_complete: the backend done, before the response is posted); the admin queue left out",
+        driver: Driver::Generic,
+        shape: Shape::NvmetIo,
+        methods: TRACEPOINT,
+        zero_note: Some("no NVMe over RDMA target command completed in the window (an nvmet-rdma port with a connected host?)"),
+        module: Some("nvmet"),
         since: None,
         role: Role::Stage,
         preset: Preset::Full,

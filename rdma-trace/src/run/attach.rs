@@ -63,6 +63,17 @@ pub fn attach(
         args.stall_after,
         &mut config,
     );
+    // The NVMe target row leaves the admin queue out by `struct nvmet_req`'s queue.
+    if defs.iter().any(|d| d.shape == Shape::NvmetIo)
+        && kernel.root().join("sys/module/nvmet").exists()
+    {
+        match waterfall::nvmet_io_globals(kernel.root()) {
+            Ok(globals) => config.globals.extend(globals),
+            Err(e) => {
+                eprintln!("rdma-trace: NVMe target admin commands are timed with the I/O: {e:#}")
+            }
+        }
+    }
     let mut session = Session::start_with(
         kernel,
         &defs,

@@ -177,6 +177,22 @@ pub fn nvme_io_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
     )])
 }
 
+/// The NVMe target row's globals: where `sq` is in `struct nvmet_req` and `qid` in
+/// `struct nvmet_sq` (nvmet's module BTF), to leave the admin queue's commands out.
+pub fn nvmet_io_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
+    let dir = root.join("sys/kernel/btf");
+    let read = |name: &str| {
+        std::fs::read(dir.join(name))
+            .with_context(|| format!("reading {}", dir.join(name).display()))
+    };
+    let base = Btf::parse(&read("vmlinux")?, None).context("parsing vmlinux BTF")?;
+    let b = Btf::parse(&read("nvmet")?, Some(base)).context("parsing nvmet BTF")?;
+    Ok(vec![
+        ("NVMET_OFF_SQ", b.member_offset("nvmet_req", "sq")?),
+        ("NVMET_OFF_QID", b.member_offset("nvmet_sq", "qid")?),
+    ])
+}
+
 /// Why ib_uverbs' BTF (`dir/ib_uverbs`) could not be read (`e`): the module is not loaded, or the
 /// kernel has no module BTF at all (CONFIG_DEBUG_INFO_BTF_MODULES came in Linux 5.11: 5.10 has
 /// only vmlinux's), or something else.

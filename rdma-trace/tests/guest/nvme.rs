@@ -14,7 +14,7 @@ use std::{
 use super::{
     RDMA_TRACE,
     consumers::{checked_cqs, load_consumer, run, run_ok, write},
-    harness::{count, read_json, run_json, temp_json, wait_tracing},
+    harness::{count, probe, read_json, run_json, temp_json, wait_tracing},
     kill_on_drop::KillOnDrop,
     wait_timeout,
 };
@@ -666,9 +666,10 @@ fn stage_mean(phase: &serde_json::Value, name: &str) -> f64 {
 /// read 2 ms after it arrives (a timer), namespace 1 one that completes it at once. Between
 /// the command's post and the CQ's schedule lie the wire, the target and the response's
 /// CQE, so the added time must land in "sent → CQ scheduled" and in no other stage of the
-/// host's split. Independent truths: the injected delay, and the target's own block layer,
-/// whose read time per request (`/sys/block/nullb*/stat`) measures what the target's disk
-/// added, apart from the host and from rdma-trace.
+/// host's split, and in the target's own time per command (the `nvmet io` row). Independent
+/// truths: the injected delay, and the target's own block layer, whose read time per request
+/// (`/sys/block/nullb*/stat`) measures what the target's disk added, apart from the host and
+/// from rdma-trace.
 #[test]
 fn nvme_io_split_puts_a_slow_targets_time_before_the_cq_schedule() {
     const N: u64 = 400;
@@ -676,6 +677,7 @@ fn nvme_io_split_puts_a_slow_targets_time_before_the_cq_schedule() {
     let nvme = NvmeOverRdma::with_slow_namespace(DELAY_NS);
     let slow_disk = nvme.slow_disk.clone().expect("namespace 2");
     let mut split = Vec::new();
+    let mut slow_commands = Vec::new();
     for (disk, target, name) in [
         (&nvme.disk, NULLB, "nvme-fast"),
         (&slow_disk, SLOW_NULLB, "nvme-slow"),
@@ -697,7 +699,28 @@ fn nvme_io_split_puts_a_slow_targets_time_before_the_cq_schedule() {
         let stages: Vec<(&str, f64)> = STAGES.iter().map(|&s| (s, stage_mean(&phase, s))).collect();
         eprintln!("nvme: {name}: target disk {target_ns:.0} ns per read; stages {stages:?}");
         split.push((target_ns, stages));
+        // The target's own row: one I/O command per read, each timed from its start to its
+        // completion; the share of them that took 1 ms or more (the log2 rows' bounds).
+        let row = probe(&phase, "nvmet io");
+        assert_eq!(row["count"], N, "one target command per read: {row}");
+        assert_eq!(row["summary"]["count"], N, "every command timed: {row}");
+        let slow: u64 = row["log2"]
+            .as_array()
+            .expect("log2")
+            .iter()
+            .filter(|b| b["lo"].as_u64().unwrap() >= 1 << 20)
+            .map(|b| b["count"].as_u64().unwrap())
+            .sum();
+        slow_commands.push(slow);
     }
+    // The slow namespace's 2 ms are the target's own: (nearly) every command of the slow disk
+    // took a millisecond or more on the target, (nearly) none of the fast one's.
+    assert!(
+        slow_commands[0] <= N / 10 && slow_commands[1] >= N * 9 / 10,
+        "target commands of 1 ms or more: fast disk {}, slow disk {} of {N}",
+        slow_commands[0],
+        slow_commands[1]
+    );
     let (fast, slow) = (&split[0], &split[1]);
     let target_added = slow.0 - fast.0;
     assert!(
