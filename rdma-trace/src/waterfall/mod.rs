@@ -126,16 +126,10 @@ fn btf_offsets(root: &Path) -> Result<Offsets> {
 /// The globals of the `ib_cq wakeup` row's per-CQ labels (`IBCQ_OFF_*`): where `struct ib_cq`'s
 /// `res.id`, `poll_ctx`, `comp_vector`, `device`, `res.kern_name` and poll buffer `wc` are,
 /// `struct ib_device`'s `name`, `struct ib_wc`'s `wr_cqe` and `struct ib_cqe`'s `done` (the
-/// consumer's callback), from ib_core's BTF. An error says what is missing: the eBPF programs then count the CQs
-/// unlabelled.
+/// consumer's callback), from ib_core's BTF. An error says what is missing: the eBPF programs
+/// then count the CQs unlabelled.
 pub fn ib_cq_label_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
-    let dir = root.join("sys/kernel/btf");
-    let read = |name: &str| {
-        std::fs::read(dir.join(name))
-            .with_context(|| format!("reading {}", dir.join(name).display()))
-    };
-    let base = Btf::parse(&read("vmlinux")?, None).context("parsing vmlinux BTF")?;
-    let b = Btf::parse(&read("ib_core")?, Some(base)).context("parsing ib_core BTF")?;
+    let b = module_btf(root, "ib_core")?;
     let offsets = [
         1,
         b.member_offset("ib_cq", "res")? + b.member_offset("rdma_restrack_entry", "id")?,
@@ -165,6 +159,17 @@ pub fn ib_cq_label_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
     .collect())
 }
 
+/// The BTF of kernel module `module` (`/sys/kernel/btf/<module>`), split on vmlinux's.
+fn module_btf(root: &Path, module: &str) -> Result<Btf> {
+    let dir = root.join("sys/kernel/btf");
+    let read = |name: &str| {
+        std::fs::read(dir.join(name))
+            .with_context(|| format!("reading {}", dir.join(name).display()))
+    };
+    let base = Btf::parse(&read("vmlinux")?, None).context("parsing vmlinux BTF")?;
+    Btf::parse(&read(module)?, Some(base)).with_context(|| format!("parsing {module} BTF"))
+}
+
 /// The NVMe I/O row's global: where `cmd_flags` is in `struct request` (vmlinux BTF), to leave
 /// the admin queue's passthrough commands out.
 pub fn nvme_io_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
@@ -180,13 +185,7 @@ pub fn nvme_io_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
 /// The NVMe target row's globals: where `sq` is in `struct nvmet_req` and `qid` in
 /// `struct nvmet_sq` (nvmet's module BTF), to leave the admin queue's commands out.
 pub fn nvmet_io_globals(root: &Path) -> Result<Vec<(&'static str, u32)>> {
-    let dir = root.join("sys/kernel/btf");
-    let read = |name: &str| {
-        std::fs::read(dir.join(name))
-            .with_context(|| format!("reading {}", dir.join(name).display()))
-    };
-    let base = Btf::parse(&read("vmlinux")?, None).context("parsing vmlinux BTF")?;
-    let b = Btf::parse(&read("nvmet")?, Some(base)).context("parsing nvmet BTF")?;
+    let b = module_btf(root, "nvmet")?;
     Ok(vec![
         ("NVMET_OFF_SQ", b.member_offset("nvmet_req", "sq")?),
         ("NVMET_OFF_QID", b.member_offset("nvmet_sq", "qid")?),
