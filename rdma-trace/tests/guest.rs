@@ -34,6 +34,11 @@ mod hardening;
 mod harness;
 #[path = "guest/kill_on_drop.rs"]
 mod kill_on_drop;
+
+#[path = "guest/export.rs"]
+mod export;
+#[path = "guest/exposition.rs"]
+mod exposition;
 #[path = "guest/nfs.rs"]
 mod nfs;
 #[path = "guest/nvme.rs"]

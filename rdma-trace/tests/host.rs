@@ -1,6 +1,10 @@
 //! Host eBPF tests: they load and attach programs on the running kernel, so they need root.
 //! Run by `cargo xtask test` (this target has `test = false`; plain `cargo test` skips it).
 
+#[path = "guest/exposition.rs"]
+mod exposition;
+use exposition::{http_get, parse_exposition, sample, start_exporter};
+
 use std::{
     io::{Read as _, Write as _},
     net::{TcpListener, TcpStream},
@@ -300,114 +304,9 @@ fn run_without_privileges_names_what_is_missing() {
 
 // ---- rdma-trace export: Prometheus text format over HTTP
 
-/// `GET path` with a plain TcpStream; returns (status line, body).
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).expect("connect to the exporter");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read the response");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP header and body");
-    (
-        head.lines().next().unwrap_or_default().to_owned(),
-        body.to_owned(),
-    )
-}
-
-/// Every sample line is `name{labels} value` or `name value`; returns (series, value).
-fn parse_exposition(body: &str) -> Vec<(String, f64)> {
-    body.lines()
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| {
-            let (series, value) = l
-                .rsplit_once(' ')
-                .unwrap_or_else(|| panic!("no value: {l}"));
-            let name_end = series.find('{').unwrap_or(series.len());
-            let name = &series[..name_end];
-            assert!(
-                !name.is_empty()
-                    && name
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-                "bad metric name in {l}"
-            );
-            if name_end < series.len() {
-                assert!(series.ends_with('}'), "unterminated labels in {l}");
-                for pair in series[name_end + 1..series.len() - 1].split("\",") {
-                    let (k, v) = pair
-                        .split_once("=\"")
-                        .unwrap_or_else(|| panic!("bad label {pair} in {l}"));
-                    assert!(
-                        k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
-                        "{l}"
-                    );
-                    assert!(!v.trim_end_matches('"').contains('\n'), "{l}");
-                }
-            }
-            let v: f64 = match value {
-                "+Inf" => f64::INFINITY,
-                v => v.parse().unwrap_or_else(|_| panic!("bad value in {l}")),
-            };
-            (series.to_owned(), v)
-        })
-        .collect()
-}
-
-fn sample(samples: &[(String, f64)], prefix: &str) -> f64 {
-    samples
-        .iter()
-        .find(|(s, _)| s.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no {prefix}"))
-        .1
-}
-
 #[test]
 fn export_serves_growing_prometheus_histograms() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rdma-trace"))
-        .args([
-            "export",
-            "--listen",
-            "127.0.0.1:0",
-            "--interval",
-            "0.2",
-            "--host",
-            "testhost",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start rdma-trace export");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead as _;
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
-    let addr = loop {
-        match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(line) => {
-                if let Some(rest) = line.split("serving http://").nth(1) {
-                    break rest.split('/').next().unwrap().to_owned();
-                }
-            }
-            Err(e) => {
-                let _ = child.kill();
-                panic!(
-                    "export did not start listening: {e}; status {:?}",
-                    child.try_wait()
-                );
-            }
-        }
-    };
+    let (mut child, addr) = start_exporter(env!("CARGO_BIN_EXE_rdma-trace"), "testhost");
     let traffic_time = Duration::from_secs(3);
     let traffic = loopback_traffic(traffic_time);
     let traffic_start = Instant::now();

@@ -18,6 +18,15 @@ impl KillOnDrop {
         ))
     }
 
+    /// Takes over a child started elsewhere.
+    #[allow(
+        dead_code,
+        reason = "shared by path; not every test crate adopts a child"
+    )]
+    pub fn adopt(child: Child) -> Self {
+        KillOnDrop(Some(child))
+    }
+
     /// Waits for the child's end and collects its output, as `Child::wait_with_output`.
     pub fn wait_with_output(mut self) -> Output {
         let child = self.0.take().expect("a child");
