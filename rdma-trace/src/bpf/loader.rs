@@ -416,7 +416,12 @@ impl Bpf {
                         self.attach_kprobe_parts(slot, &f.function, !h.entry, !h.ret)
                     }
                     (Method::Kprobe, None) => self.attach_kprobe_pair(slot, &f.function),
-                    (Method::Fentry, _) => self.attach_fentry_pair(slot, &f.function),
+                    // The sharing programs are kprobes: fentry programs beside them would
+                    // count every call twice.
+                    (Method::Fentry, Some(_)) => {
+                        Err(anyhow!("its hooks are shared with the waterfall's kprobes"))
+                    }
+                    (Method::Fentry, None) => self.attach_fentry_pair(slot, &f.function),
                     (Method::RawTracepoint | Method::Uprobe, _) => {
                         Err(anyhow!("not a kernel-function method"))
                     }
