@@ -544,11 +544,17 @@ pub fn ibcq_reschedule(ctx: RawTracePointContext) -> i32 {
     cq_scheduled(&ctx)
 }
 
-/// The value of `u32` at `base + off` in kernel memory (0 when unreadable).
+/// The `T` at `base + off` in kernel memory (zero when unreadable).
+#[inline(always)]
+pub(crate) fn read_at<T: Default>(base: u64, off: u32) -> T {
+    // SAFETY: bpf_probe_read_kernel checks the address; a fault gives an error, not a crash.
+    unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.unwrap_or_default()
+}
+
+/// The `u32` at `base + off` in kernel memory (0 when unreadable).
 #[inline(always)]
 fn read_u32(base: u64, off: u32) -> u32 {
-    // SAFETY: bpf_probe_read_kernel checks the address; a fault gives an error, not a crash.
-    unsafe { bpf_probe_read_kernel((base + off as u64) as *const u32) }.unwrap_or(0)
+    read_at(base, off)
 }
 
 /// The IBCQ entry of `cq`, made (with the CQ's labels, when their offsets are known) on its
@@ -564,20 +570,14 @@ fn ibcq_stat(cq: u64) -> Option<*mut IbCqStat> {
         s.id = read_u32(cq, config(&IBCQ_OFF_RES_ID));
         s.poll_ctx = read_u32(cq, config(&IBCQ_OFF_POLL_CTX));
         s.comp_vector = read_u32(cq, config(&IBCQ_OFF_COMP_VECTOR));
-        // SAFETY: as in `read_u32`.
-        let dev: u64 =
-            unsafe { bpf_probe_read_kernel((cq + dev_off as u64) as *const u64) }.unwrap_or(0);
+        let dev: u64 = read_at(cq, dev_off);
         if dev != 0 {
             let name = (dev + config(&IBCQ_OFF_DEV_NAME) as u64) as *const u8;
             // SAFETY: as in `read_u32`; the buffer is the local's own.
             let _ = unsafe { bpf_probe_read_kernel_buf(name, &mut s.device) };
             s.labelled = 1;
         }
-        // SAFETY: as in `read_u32`.
-        let owner: u64 = unsafe {
-            bpf_probe_read_kernel((cq + config(&IBCQ_OFF_KERN_NAME) as u64) as *const u64)
-        }
-        .unwrap_or(0);
+        let owner: u64 = read_at(cq, config(&IBCQ_OFF_KERN_NAME));
         if owner != 0 {
             // SAFETY: as in `read_u32`; the buffer is the local's own. A name longer than the
             // buffer is cut (the helper NUL-terminates within it).
@@ -675,19 +675,15 @@ fn consumer_callback(cq: u64, s: *mut IbCqStat) {
     if off_wc == 0 || done != 0 || poll_ctx == IB_POLL_DIRECT {
         return;
     }
-    let read = |addr: u64| -> u64 {
-        // SAFETY: bpf_probe_read_kernel checks the address; a bad one gives an error.
-        unsafe { bpf_probe_read_kernel(addr as *const u64) }.unwrap_or(0)
-    };
-    let wc = read(cq + u64::from(off_wc));
+    let wc: u64 = read_at(cq, off_wc);
     if wc == 0 {
         return;
     }
-    let cqe = read(wc + u64::from(config(&IBCQ_OFF_WR_CQE)));
+    let cqe: u64 = read_at(wc, config(&IBCQ_OFF_WR_CQE));
     if cqe == 0 {
         return;
     }
-    let f = read(cqe + u64::from(config(&IBCQ_OFF_CQE_DONE)));
+    let f: u64 = read_at(cqe, config(&IBCQ_OFF_CQE_DONE));
     // SAFETY: as above.
     unsafe { (*s).done = f };
 }

@@ -24,7 +24,7 @@ use rdma_trace_common::{
 
 // Stats are added atomically: a program in an interrupt can add to the same CPU's value (see
 // "recording" in main.rs).
-use crate::{atomic_add as add, config, count_in, now, read_u32, record_in, row};
+use crate::{atomic_add as add, config, count_in, now, read_at, read_u32, record_in, row};
 
 /// Probe of the `nvme io` row, or NO_PROBE.
 #[unsafe(no_mangle)]
@@ -283,18 +283,8 @@ fn nvmet_io_queue(req: u64) -> bool {
     if off_sq == 0 {
         return true;
     }
-    // SAFETY: bpf_probe_read_kernel checks the address; a bad one gives an error.
-    let sq: u64 = unsafe {
-        aya_ebpf::helpers::bpf_probe_read_kernel((req + u64::from(off_sq)) as *const u64)
-    }
-    .unwrap_or(0);
-    // SAFETY: as above.
-    let qid: u16 = unsafe {
-        aya_ebpf::helpers::bpf_probe_read_kernel(
-            (sq + u64::from(config(&NVMET_OFF_QID))) as *const u16,
-        )
-    }
-    .unwrap_or(0);
+    let sq: u64 = read_at(req, off_sq);
+    let qid: u16 = read_at(sq, config(&NVMET_OFF_QID));
     sq == 0 || qid != 0
 }
 
