@@ -234,17 +234,9 @@ fn attach(ebpf: &mut Ebpf, mechanism: &str, prog: &str) -> Result<()> {
 
 /// Detach and unload a calibration program.
 fn unload(ebpf: &mut Ebpf, prog: &str) {
-    use aya::programs::Program;
-    let Some(p) = ebpf.program_mut(prog) else {
-        return;
-    };
-    let _ = match p {
-        Program::KProbe(p) => p.unload(),
-        Program::RawTracePoint(p) => p.unload(),
-        Program::TracePoint(p) => p.unload(),
-        Program::FEntry(p) => p.unload(),
-        _ => Ok(()),
-    };
+    if let Some(p) = ebpf.program_mut(prog) {
+        super::loader::unload(p);
+    }
 }
 
 #[cfg(test)]

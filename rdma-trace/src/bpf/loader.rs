@@ -770,7 +770,6 @@ impl Bpf {
     /// Detach and unload every program, keeping the maps: a read after this is a consistent
     /// final snapshot (no event lands between reading the counters and the histograms).
     pub fn detach_all(&mut self) {
-        use aya::programs::Program;
         // Entry programs first: an end seen without its start only counts as unmatched, while
         // a start whose end program is already gone would look like a call still running.
         let is_end = |name: &str| ["return", "exit", "fexit"].iter().any(|e| name.contains(e));
@@ -779,15 +778,7 @@ impl Bpf {
                 if is_end(name) != ends {
                     continue;
                 }
-                let _ = match p {
-                    Program::KProbe(p) => p.unload(),
-                    Program::UProbe(p) => p.unload(),
-                    Program::RawTracePoint(p) => p.unload(),
-                    Program::TracePoint(p) => p.unload(),
-                    Program::FEntry(p) => p.unload(),
-                    Program::FExit(p) => p.unload(),
-                    _ => Ok(()),
-                };
+                unload(p);
             }
         }
     }
@@ -795,18 +786,9 @@ impl Bpf {
     /// Detach and unload the programs named (the overhead budget's `--enforce`); the maps and
     /// the other programs stay.
     pub fn drop_programs(&mut self, names: &[String]) {
-        use aya::programs::Program;
         for name in names {
             if let Some(p) = self.ebpf.program_mut(name) {
-                let _ = match p {
-                    Program::KProbe(p) => p.unload(),
-                    Program::UProbe(p) => p.unload(),
-                    Program::RawTracePoint(p) => p.unload(),
-                    Program::TracePoint(p) => p.unload(),
-                    Program::FEntry(p) => p.unload(),
-                    Program::FExit(p) => p.unload(),
-                    _ => Ok(()),
-                };
+                unload(p);
             }
             self.detached(name);
         }
@@ -885,6 +867,20 @@ impl Bpf {
 }
 
 /// One probe's row summed over CPUs.
+/// Detach and unload program `p`, whatever its kind (an error is one it no longer has).
+pub(crate) fn unload(p: &mut aya::programs::Program) {
+    use aya::programs::Program;
+    let _ = match p {
+        Program::KProbe(p) => p.unload(),
+        Program::UProbe(p) => p.unload(),
+        Program::RawTracePoint(p) => p.unload(),
+        Program::TracePoint(p) => p.unload(),
+        Program::FEntry(p) => p.unload(),
+        Program::FExit(p) => p.unload(),
+        _ => Ok(()),
+    };
+}
+
 fn sum_cpus<'a>(per_cpu: impl Iterator<Item = &'a ProbeRow>) -> ProbeData {
     let mut data = ProbeData::default();
     let mut slots = vec![0u64; HIST_SLOTS as usize];
