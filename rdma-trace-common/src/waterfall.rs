@@ -15,8 +15,22 @@ use crate::HIST_SLOTS;
 /// the thread exits (`WfThread::exited`).
 pub const WF_THREADS: u32 = 32;
 
-/// CPUs the placement table and the per-CPU counts cover (higher CPUs count as unknown).
-pub const WF_CPUS: u32 = 64;
+/// The per-CPU event counts (`WF_CPU_EVENTS`): per thread slot, for each of these kinds, one
+/// count per possible CPU. The loader sizes that map and the topology map (`WF_CPU_TOPO`) for
+/// the machine's possible CPUs at load ([`WfConfig::ncpus`]).
+pub const CPU_HANDLER: u32 = 0;
+/// The CPU the waiter ran on: T3's for woken events, T4's for the others.
+pub const CPU_WAITER: u32 = 1;
+/// The CPU of the read's return (T4).
+pub const CPU_READ: u32 = 2;
+pub const NR_CPU_KINDS: u32 = 3;
+
+/// Index in `WF_CPU_EVENTS` of slot `slot`'s count of kind `kind` (`CPU_*`) for CPU `cpu`, on
+/// a machine of `ncpus` possible CPUs.
+#[inline(always)]
+pub fn cpu_event_index(slot: u32, kind: u32, cpu: u32, ncpus: u32) -> u32 {
+    (slot * NR_CPU_KINDS + kind) * ncpus + cpu
+}
 
 /// Completion events remembered per channel between the handler and the read.
 pub const WF_QUEUE_LEN: u32 = 16;
@@ -48,7 +62,7 @@ pub const CLASS_LLC: u32 = 2;
 pub const CLASS_NODE: u32 = 3;
 /// Another NUMA node.
 pub const CLASS_OTHER_NODE: u32 = 4;
-/// A CPU beyond [`WF_CPUS`], or a topology the loader could not read.
+/// A CPU the loader found no topology for.
 pub const CLASS_UNKNOWN: u32 = 5;
 pub const NR_CLASSES: u32 = 6;
 
@@ -107,7 +121,13 @@ pub const L_SLOT_REFOUND: u32 = 8;
 /// Loss counter: events left out of their CQ's row ([`WfCqRow`]) because the map of
 /// (process, CQ) rows (`WF_CQ_ROWS`, [`WF_CQ_ROWS`] entries) was full.
 pub const L_CQ_ROW_NOT_STORED: u32 = 9;
-pub const NR_LOSSES: u32 = 10;
+/// Loss counter: events the queue mirror still held when the kernel's queue was found empty
+/// (at a read's return, with no handler call running and no other read open), dropped to put
+/// the mirror back in step: handler calls the kernel dropped (a closed channel, no memory),
+/// updates lost to a race, or a missed read return's event. Without it, every later read of
+/// the channel would be paired with an older event.
+pub const L_MIRROR_RESYNCED: u32 = 10;
+pub const NR_LOSSES: u32 = 11;
 
 /// (process, CQ) rows at most: the per-CQ split of each process's waterfall.
 pub const WF_CQ_ROWS: u32 = 1024;
@@ -146,19 +166,50 @@ pub struct WfCqRow {
     pub sums: [u64; CQ_SUMS],
 }
 
-/// Per thread slot and CPU: counters, placement classes and the CPUs of the stages.
+/// The loader's arithmetic on the rows: it sums a row's per-CPU values and takes differences
+/// between snapshots.
+impl WfCqRow {
+    /// The CQ's restrack id, when known.
+    pub fn id(&self) -> Option<u32> {
+        (self.res_id != NO_ID).then_some(self.res_id)
+    }
+
+    /// Adds `o`'s counts and sums; takes its labels when it carries them.
+    pub fn add(&mut self, o: &WfCqRow) {
+        if o.labelled == 1 {
+            (self.res_id, self.device, self.labelled) = (o.res_id, o.device, 1);
+        }
+        self.each_with(o, |x, y| *x += y);
+    }
+
+    /// Takes `o`'s counts and sums from these, down to 0 at the least; the labels stay.
+    pub fn subtract(&mut self, o: &WfCqRow) {
+        self.each_with(o, |x, y| *x = x.saturating_sub(y));
+    }
+
+    fn each_with(&mut self, o: &WfCqRow, f: impl Fn(&mut u64, u64)) {
+        for (x, y) in [
+            (&mut self.events, o.events),
+            (&mut self.woken, o.woken),
+            (&mut self.driver_events, o.driver_events),
+            (&mut self.clamped, o.clamped),
+        ] {
+            f(x, y);
+        }
+        for (x, y) in self.sums.iter_mut().zip(o.sums) {
+            f(x, y);
+        }
+    }
+}
+
+/// Per thread slot and CPU: counters and placement classes (the CPUs of the stages are counted
+/// in `WF_CPU_EVENTS`, sized at load).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WfCounts {
     pub counters: [u64; NR_WCOUNTERS as usize],
     /// Events per placement class (handler CPU against the waiter's CPU).
     pub classes: [u64; NR_CLASSES as usize],
-    /// Events per CPU that ran the handler (T1).
-    pub handler_cpu: [u64; WF_CPUS as usize],
-    /// Events per CPU the waiter ran on: T3's for woken events, T4's for the others.
-    pub waiter_cpu: [u64; WF_CPUS as usize],
-    /// Events per CPU of the read's return (T4).
-    pub read_cpu: [u64; WF_CPUS as usize],
     /// Loss counters (`L_*`): per thread where a thread is known, else in the last slot.
     pub lost: [u64; NR_LOSSES as usize],
 }
@@ -170,9 +221,6 @@ impl WfCounts {
     pub const ZERO: WfCounts = WfCounts {
         counters: [0; NR_WCOUNTERS as usize],
         classes: [0; NR_CLASSES as usize],
-        handler_cpu: [0; WF_CPUS as usize],
-        waiter_cpu: [0; WF_CPUS as usize],
-        read_cpu: [0; WF_CPUS as usize],
         lost: [0; NR_LOSSES as usize],
     };
 
@@ -198,12 +246,9 @@ impl WfCounts {
 
     /// `f` on each count and `o`'s count at the same place.
     fn each_with(&mut self, o: &WfCounts, f: impl Fn(&mut u64, u64)) {
-        let pairs: [(&mut [u64], &[u64]); 6] = [
+        let pairs: [(&mut [u64], &[u64]); 3] = [
             (&mut self.counters, &o.counters),
             (&mut self.classes, &o.classes),
-            (&mut self.handler_cpu, &o.handler_cpu),
-            (&mut self.waiter_cpu, &o.waiter_cpu),
-            (&mut self.read_cpu, &o.read_cpu),
             (&mut self.lost, &o.lost),
         ];
         for (a, b) in pairs {
@@ -333,6 +378,12 @@ pub struct WfQueue {
     /// T2 and T3 of the last event read whose reader was woken by its handler.
     pub woken_at: u64,
     pub on_cpu_at: u64,
+    /// When the channel's last handler call returned: a call runs while `handler_at` is
+    /// later. The mirror is checked against the kernel's queue only when no handler call runs
+    /// and one read is open ([`L_MIRROR_RESYNCED`]).
+    pub handler_done_at: u64,
+    /// Reads of the channel between their entry and return (added to atomically).
+    pub readers: u64,
 }
 
 /// A read of a completion channel in progress (`ib_uverbs_comp_event_read`): the waiter.
@@ -348,6 +399,10 @@ pub struct WfReading {
     pub tgid: u32,
     /// rxe: CQEs in that CQ that nobody had polled when the read began ([`NO_ID`]: unknown).
     pub unpolled: u32,
+    /// 1 when the read counts in its channel's `WfQueue::readers` (the channel was mirrored
+    /// when it began).
+    pub counted: u32,
+    pub _pad: u32,
 }
 
 /// A thread woken inside a handler, until it reads.
@@ -425,7 +480,21 @@ pub struct WfConfig {
     /// the CQ rows' labels (`dev_name` 0: unknown).
     pub cq_device: u32,
     pub dev_name: u32,
+    /// The machine's possible CPUs (the highest id + 1): the loader sizes the per-CPU maps
+    /// (`WF_CPU_TOPO`, `WF_CPU_EVENTS`) for them; 0 before it does (no CPU is counted).
+    pub ncpus: u32,
+    /// `struct ib_uverbs_event_queue`'s `event_list` (ib_uverbs' BTF), to check the mirror
+    /// against the kernel's queue (0: unknown, no check).
+    pub event_list: u32,
+    /// Fault injection for the tests (`RDMA_TRACE_FAULT_MIRROR_PHANTOMS`): at each channel's
+    /// handler call number [`FAULT_PHANTOMS_AT`], the mirror counts this many events more
+    /// than the kernel queued, as if the kernel had dropped them (0: none).
+    pub fault_phantoms: u32,
+    pub _pad: u32,
 }
+
+/// The channel's handler call at which `WfConfig::fault_phantoms` are counted.
+pub const FAULT_PHANTOMS_AT: u64 = 100;
 
 impl WfConfig {
     pub const UNSET: WfConfig = WfConfig {
@@ -446,7 +515,53 @@ impl WfConfig {
         task_state: 0,
         cq_device: 0,
         dev_name: 0,
+        ncpus: 0,
+        event_list: 0,
+        fault_phantoms: 0,
+        _pad: 0,
     };
+}
+
+/// One CPU's place in the machine, for the placement classes: the lowest CPU id of its core
+/// (SMT siblings), of its last-level cache and its NUMA node, [`NO_ID`] where not known.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WfCpuTopo {
+    pub core: u32,
+    pub llc: u32,
+    pub node: u32,
+    /// 1 when the loader read this CPU's topology (0: an entry it never filled).
+    pub known: u32,
+}
+
+impl WfCpuTopo {
+    /// Not read.
+    pub const UNKNOWN: WfCpuTopo = WfCpuTopo {
+        core: NO_ID,
+        llc: NO_ID,
+        node: NO_ID,
+        known: 0,
+    };
+
+    /// Placement class (`CLASS_*`) of a completion handled on CPU `a` (with topology `x`) for
+    /// a waiter on CPU `b` (topology `y`); the eBPF side and the loader both use this one.
+    #[inline(always)]
+    pub fn class(a: u32, x: &WfCpuTopo, b: u32, y: &WfCpuTopo) -> u32 {
+        if x.known == 0 || y.known == 0 {
+            CLASS_UNKNOWN
+        } else if a == b {
+            CLASS_SAME_CPU
+        } else if x.core != NO_ID && x.core == y.core {
+            CLASS_SMT
+        } else if x.llc != NO_ID && x.llc == y.llc {
+            CLASS_LLC
+        } else if x.node == NO_ID || y.node == NO_ID || x.node == y.node {
+            // No NUMA information: one node.
+            CLASS_NODE
+        } else {
+            CLASS_OTHER_NODE
+        }
+    }
 }
 
 #[cfg(feature = "user")]
@@ -460,6 +575,8 @@ mod user {
     unsafe impl aya::Pod for super::WfThread {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::WfConfig {}
+    // SAFETY: see above.
+    unsafe impl aya::Pod for super::WfCpuTopo {}
     // SAFETY: see above.
     unsafe impl aya::Pod for super::WfCq {}
     // SAFETY: see above.
@@ -485,10 +602,10 @@ mod tests {
         assert!(core::mem::size_of::<WfCounts>() <= 32 * 1024);
         assert_eq!(
             core::mem::size_of::<WfCounts>(),
-            8 * (NR_WCOUNTERS + NR_CLASSES + 3 * WF_CPUS + NR_LOSSES) as usize
+            8 * (NR_WCOUNTERS + NR_CLASSES + NR_LOSSES) as usize
         );
         assert_eq!(core::mem::size_of::<WfSample>(), 5 * 8 + 8 * 4);
-        assert_eq!(core::mem::size_of::<WfConfig>(), 72);
+        assert_eq!(core::mem::size_of::<WfConfig>(), 88);
         assert_eq!(core::mem::size_of::<WfCqKey>(), 16);
         assert_eq!(core::mem::size_of::<WfCqRow>(), 24 + 8 * (4 + CQ_SUMS));
         assert_eq!(
@@ -498,10 +615,61 @@ mod tests {
         assert_eq!(core::mem::size_of::<WfCq>(), 56);
         assert_eq!(
             core::mem::size_of::<WfQueue>(),
-            8 * (8 + 5 * WF_QUEUE_LEN as usize)
+            8 * (10 + 5 * WF_QUEUE_LEN as usize)
         );
-        assert_eq!(core::mem::size_of::<WfReading>(), 32);
+        assert_eq!(core::mem::size_of::<WfReading>(), 40);
         assert_eq!(core::mem::size_of::<WfWake>(), 40);
         assert_eq!(core::mem::size_of::<WfThread>(), 28);
+        assert_eq!(core::mem::size_of::<WfCpuTopo>(), 16);
+    }
+
+    fn topo(core: u32, llc: u32, node: u32) -> WfCpuTopo {
+        WfCpuTopo {
+            core,
+            llc,
+            node,
+            known: 1,
+        }
+    }
+
+    #[test]
+    fn classes_from_topology_ids() {
+        let (a, b) = (topo(0, 0, 0), topo(0, 0, 0));
+        assert_eq!(WfCpuTopo::class(3, &a, 3, &a), CLASS_SAME_CPU);
+        assert_eq!(WfCpuTopo::class(0, &a, 1, &b), CLASS_SMT);
+        assert_eq!(WfCpuTopo::class(0, &a, 2, &topo(2, 0, 0)), CLASS_LLC);
+        assert_eq!(WfCpuTopo::class(0, &a, 8, &topo(8, 8, 0)), CLASS_NODE);
+        assert_eq!(WfCpuTopo::class(0, &a, 9, &topo(9, 9, 1)), CLASS_OTHER_NODE);
+        // No LLC or node known: not the same LLC, one node.
+        let bare = |c| topo(c, NO_ID, NO_ID);
+        assert_eq!(WfCpuTopo::class(0, &bare(0), 1, &bare(1)), CLASS_NODE);
+        assert_eq!(
+            WfCpuTopo::class(0, &a, 1, &WfCpuTopo::UNKNOWN),
+            CLASS_UNKNOWN
+        );
+        assert_eq!(
+            WfCpuTopo::class(1, &WfCpuTopo::UNKNOWN, 1, &WfCpuTopo::UNKNOWN),
+            CLASS_UNKNOWN
+        );
+    }
+
+    #[test]
+    fn cpu_event_indices_of_slots_kinds_and_cpus_do_not_overlap() {
+        const N: u32 = 256;
+        const ALL: usize = (WF_THREADS * NR_CPU_KINDS * N) as usize;
+        let mut seen = [false; ALL];
+        for slot in 0..WF_THREADS {
+            for kind in 0..NR_CPU_KINDS {
+                for cpu in 0..N {
+                    let i = cpu_event_index(slot, kind, cpu, N) as usize;
+                    assert!(
+                        i < ALL && !seen[i],
+                        "slot {slot} kind {kind} cpu {cpu}: {i}"
+                    );
+                    seen[i] = true;
+                }
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
     }
 }

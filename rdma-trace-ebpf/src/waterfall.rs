@@ -36,20 +36,21 @@ use aya_ebpf::{
 use rdma_trace_common::{
     HIST_SLOTS, hist_slot,
     waterfall::{
-        CLASS_UNKNOWN, CQ_SUMS, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE,
-        L_CLAMPED, L_CQ_ROW_NOT_STORED, L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED,
-        L_SAMPLES, L_SLOT_NOT_STORED, L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED,
-        SF_NO_SWITCH, SF_WOKEN, W_AWAKE, W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM,
-        W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH,
-        W_SUM, W_UNMATCHED, W_WOKEN, WF_CPUS, WF_CQ_ROWS, WF_NHIST, WF_QUEUE_LEN, WF_RUNNABLE_LEN,
-        WF_THREADS, WfConfig, WfCounts, WfCq, WfCqKey, WfCqRow, WfHist, WfQueue as Queue,
-        WfReading as Reading, WfRunnable, WfSample, WfThread, WfWake as Wake,
+        CLASS_UNKNOWN, CPU_HANDLER, CPU_READ, CPU_WAITER, CQ_SUMS, H_AWAKE, H_CLASS, H_DRIVER,
+        H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED, L_CQ_ROW_NOT_STORED, L_MIRROR_RESYNCED,
+        L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED, L_SAMPLES, L_SLOT_NOT_STORED,
+        L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED, SF_NO_SWITCH, SF_WOKEN, W_AWAKE,
+        W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM,
+        W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_CQ_ROWS,
+        WF_NHIST, WF_QUEUE_LEN, WF_RUNNABLE_LEN, WF_THREADS, WfConfig, WfCounts, WfCpuTopo, WfCq,
+        WfCqKey, WfCqRow, WfHist, WfQueue as Queue, WfReading as Reading, WfRunnable, WfSample,
+        WfThread, WfWake as Wake,
     },
 };
 
-use rdma_trace_common::waterfall::NO_ID;
+use rdma_trace_common::waterfall::{FAULT_PHANTOMS_AT, NO_ID, cpu_event_index};
 
-use crate::{config, now};
+use crate::{atomic_add, config, now};
 
 /// Offsets and the sample bound, patched by the loader.
 #[unsafe(no_mangle)]
@@ -137,9 +138,14 @@ static WF_COUNTS: PerCpuArray<WfCounts> = PerCpuArray::with_max_entries(WF_THREA
 /// Histogram `h` of slot `s` at `s * WF_NHIST + h`.
 #[map]
 static WF_HIST: PerCpuArray<WfHist> = PerCpuArray::with_max_entries(WF_THREADS * WF_NHIST, 0);
-/// Placement class of (handler CPU × WF_CPUS + waiter CPU), filled by the loader.
+/// Each CPU's core, LLC and node, filled by the loader, which sizes it for the machine's
+/// possible CPUs (`WfConfig::ncpus`).
 #[map]
-static WF_CLASS: Array<u32> = Array::with_max_entries(WF_CPUS * WF_CPUS, 0);
+static WF_CPU_TOPO: Array<WfCpuTopo> = Array::with_max_entries(1, 0);
+/// Events per thread slot, kind (`CPU_*`) and CPU, at `cpu_event_index`; sized at load for
+/// the possible CPUs, and added to atomically (a slot's readers may run on several CPUs).
+#[map]
+static WF_CPU_EVENTS: Array<u64> = Array::with_max_entries(1, 0);
 /// Per-event samples (`--sample N`; the loader sizes the ring).
 #[map]
 static WF_SAMPLES: RingBuf = RingBuf::with_byte_size(4096, 0);
@@ -319,15 +325,22 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
         return 0;
     };
     // SAFETY: a hash map value; the kernel serialises a channel's handler calls under its
-    // lock, and the reader only moves `head`.
+    // lock (taken after this entry: two handler calls of one channel on two CPUs can race
+    // here, which the read's check against the kernel's queue puts right), and the reader only
+    // moves `head`.
     let q = unsafe { &mut *q };
+    // Before `tail` moves: a read that sees the new `tail` sees this call running.
+    q.handler_at = t1;
     if q.cq != cq {
         q.cq = cq;
         q.buf = 0;
     }
-    let event = q.tail;
+    let mut event = q.tail;
+    let phantoms = config(&WF_CONFIG).fault_phantoms;
+    if phantoms != 0 && event == FAULT_PHANTOMS_AT {
+        event += u64::from(phantoms);
+    }
     q.tail = event + 1;
-    q.handler_at = t1;
     // Kept only when its slot's event has been read: the kernel hands events out oldest first,
     // so overwriting an unread one would pair this channel's next reads with the wrong events.
     let i = (event & QMASK) as usize;
@@ -366,7 +379,15 @@ pub fn wf_handler_return(_ctx: RetProbeContext) -> u32 {
     table_return(&WF_KSLOT_HANDLER);
     if let Some(h) = WF_HANDLER.get_ptr_mut(0) {
         // SAFETY: this CPU's slot of a per-CPU array.
-        unsafe { (*h).active = 0 };
+        let h = unsafe { &mut *h };
+        // The kernel's queue has the event now (or the kernel dropped it).
+        if h.active != 0
+            && let Some(q) = WF_QUEUES.get_ptr_mut(h.queue)
+        {
+            // SAFETY: a hash map value; only handler returns write `handler_done_at`.
+            unsafe { (*q).handler_done_at = now() };
+        }
+        h.active = 0;
     }
     0
 }
@@ -571,11 +592,15 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let queue = private + u64::from(cfg.ev_queue);
-    let (cq, unpolled) = match WF_QUEUES.get_ptr_mut(queue) {
+    let (cq, unpolled, counted) = match WF_QUEUES.get_ptr_mut(queue) {
         // SAFETY: a hash map value; `cq` and `buf` are written by handler calls and here, and
-        // a stale pair only misreads a count of the stall doctor's.
-        Some(q) => unsafe { ((*q).cq, unpolled(&mut *q, &cfg)) },
-        None => (0, NO_ID),
+        // a stale pair only misreads a count of the stall doctor's; `readers` is only added
+        // to atomically.
+        Some(q) => unsafe {
+            atomic_add(&mut (*q).readers, 1);
+            ((*q).cq, unpolled(&mut *q, &cfg), 1)
+        },
+        None => (0, NO_ID, 0),
     };
     let pid_tgid = bpf_get_current_pid_tgid();
     let r = Reading {
@@ -584,6 +609,8 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
         cq,
         tgid: (pid_tgid >> 32) as u32,
         unpolled,
+        counted,
+        _pad: 0,
     };
     let tid = pid_tgid as u32;
     // From its first read on, the thread's runnable periods are kept (for already-awake events).
@@ -617,6 +644,9 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
                 let q = unsafe { &mut *q };
                 if q.head < q.tail {
                     q.head += 1;
+                }
+                if missed.counted != 0 {
+                    atomic_add(&mut q.readers, u64::MAX);
                 }
             }
         }
@@ -673,23 +703,68 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
         return 0;
     };
     let _ = WF_READING.remove(tid);
+    read_returned(&ctx, tid, &r, t4);
+    if r.counted != 0
+        && let Some(q) = WF_QUEUES.get_ptr_mut(r.queue)
+    {
+        // SAFETY: a hash map value; `readers` is only added to atomically, and `head` is
+        // moved by this channel's reads (which `readers` says are none but this one).
+        let q = unsafe { &mut *q };
+        resync(q, r.queue);
+        atomic_add(&mut q.readers, u64::MAX);
+    }
+    0
+}
+
+/// After a read of channel `queue` returned (`q` its mirror): when no handler call of the
+/// channel is running and no other read is open, the mirror holds an event for every one in
+/// the kernel's queue. If the kernel's queue is empty then and the mirror is not, the mirror
+/// is out of step: it drops what it holds, counted ([`L_MIRROR_RESYNCED`]).
+#[inline(always)]
+fn resync(q: &mut Queue, queue: u64) {
+    let off = config(&WF_CONFIG).event_list;
+    // `tail` before `handler_at`: a handler call that moved `tail` had stamped it first.
+    let tail = q.tail;
+    if off == 0 || q.head >= tail || q.handler_at > q.handler_done_at || q.readers != 1 {
+        return;
+    }
+    let list = queue + u64::from(off);
+    // SAFETY: bpf_probe_read_kernel checks the address; a list_head's `next` is its first member.
+    let next: u64 = unsafe { bpf_probe_read_kernel(list as *const u64) }.unwrap_or(0);
+    if next != list {
+        return; // events wait in the kernel's queue (or it could not be read)
+    }
+    let stale = tail - q.head;
+    q.head = tail;
+    if let Some(c) = WF_COUNTS.get_ptr_mut(WF_THREADS - 1) {
+        // SAFETY: this CPU's value of a per-CPU array; programs do not re-enter on one CPU.
+        if let Some(v) = unsafe { (*c).lost.get_mut(L_MIRROR_RESYNCED as usize) } {
+            *v += stale;
+        }
+    }
+}
+
+/// The read of thread `tid` (`r`) returned at `t4`: pair the event it returned with its
+/// handler call in the mirror, and record it.
+#[inline(always)]
+fn read_returned(ctx: &RetProbeContext, tid: u32, r: &Reading, t4: u64) {
     let ret: i64 = ctx.ret();
     if ret <= 0 {
-        return 0; // no event returned (EAGAIN, a signal, an error)
+        return; // no event returned (EAGAIN, a signal, an error)
     }
     let Some(slot) = thread_slot(tid) else {
-        return 0;
+        return;
     };
     let Some(q) = WF_QUEUES.get_ptr_mut(r.queue) else {
         count(slot, W_UNMATCHED);
-        return 0;
+        return;
     };
     // SAFETY: a hash map value; this read is the channel's only consumer (the kernel holds
     // the queue lock while a read takes an event), and the handler only moves `tail`.
     let q = unsafe { &mut *q };
     if q.head >= q.tail {
         count(slot, W_UNMATCHED);
-        return 0;
+        return;
     }
     let event = q.head;
     let i = (event & QMASK) as usize;
@@ -702,14 +777,14 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
         q.seq.get(i),
         q.cqs.get(i),
     ) else {
-        return 0;
+        return;
     };
     q.head = event + 1;
     q.read_at = t4;
     if seq != event + 1 {
         // Its event found the mirror full and was not kept.
         count(slot, W_UNMATCHED);
-        return 0;
+        return;
     }
     let cpu4 = cpu();
     let mut s = WfSample {
@@ -762,7 +837,6 @@ pub fn wf_read_return(ctx: RetProbeContext) -> u32 {
     };
     record(slot, &s, runnable);
     cq_row(slot, event_cq, &s);
-    0
 }
 
 /// Adds event `s` to its CQ's row of the reading process, made (with the CQ's labels) on its
@@ -858,13 +932,10 @@ fn label_cq_row(r: *mut WfCqRow, cq: u64) {
 
 #[inline(always)]
 fn class(handler: u32, waiter: u32) -> u32 {
-    if handler >= WF_CPUS || waiter >= WF_CPUS {
-        return CLASS_UNKNOWN;
+    match (WF_CPU_TOPO.get(handler), WF_CPU_TOPO.get(waiter)) {
+        (Some(x), Some(y)) => WfCpuTopo::class(handler, x, waiter, y),
+        _ => CLASS_UNKNOWN,
     }
-    WF_CLASS
-        .get(handler * WF_CPUS + waiter)
-        .copied()
-        .unwrap_or(CLASS_UNKNOWN)
 }
 
 // ---- aggregation per thread slot
@@ -969,10 +1040,15 @@ fn add(c: &mut WfCounts, h: u32, slot: u32, value: u64) {
     hist(slot, h, value);
 }
 
+/// Counts one event of slot `slot` for CPU `cpu` as kind `kind` (`CPU_*`).
 #[inline(always)]
-fn bump(a: &mut [u64; WF_CPUS as usize], cpu: u32) {
-    if let Some(v) = a.get_mut(cpu as usize) {
-        *v += 1;
+fn bump(slot: u32, kind: u32, cpu: u32) {
+    let ncpus = config(&WF_CONFIG).ncpus;
+    if cpu >= ncpus {
+        return;
+    }
+    if let Some(v) = WF_CPU_EVENTS.get_ptr_mut(cpu_event_index(slot, kind, cpu, ncpus)) {
+        atomic_add(v, 1);
     }
 }
 
@@ -1019,9 +1095,9 @@ fn record(slot: u32, s: &WfSample, (awake_runnable, awake_on, short): (u64, u64,
     if let Some(v) = c.classes.get_mut(s.class as usize) {
         *v += 1;
     }
-    bump(&mut c.handler_cpu, s.cpu_handler);
-    bump(&mut c.waiter_cpu, s.cpu_on);
-    bump(&mut c.read_cpu, s.cpu_read);
+    bump(slot, CPU_HANDLER, s.cpu_handler);
+    bump(slot, CPU_WAITER, s.cpu_on);
+    bump(slot, CPU_READ, s.cpu_read);
     sample(c, s);
 }
 

@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 
 use rdma_trace_common::waterfall::{
-    L_CLAMPED, L_CQ_ROW_NOT_STORED, L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED,
-    L_SAMPLES, L_SLOT_NOT_STORED, L_SLOT_REFOUND, L_WAKE_NOT_STORED, W_DROPPED, W_UNMATCHED,
-    WF_CQ_ROWS, WF_QUEUE_LEN, WF_THREADS,
+    L_CLAMPED, L_CQ_ROW_NOT_STORED, L_MIRROR_RESYNCED, L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED,
+    L_RETURN_MISSED, L_SAMPLES, L_SLOT_NOT_STORED, L_SLOT_REFOUND, L_WAKE_NOT_STORED, W_DROPPED,
+    W_UNMATCHED, WF_CQ_ROWS, WF_QUEUE_LEN, WF_THREADS,
 };
 use serde::Serialize;
 
@@ -22,6 +22,10 @@ pub struct Losses {
     pub queue_overflow: u64,
     /// Reads that returned an event the queue mirror did not hold.
     pub unmatched_reads: u64,
+    /// Events the queue mirror held that the kernel's queue no longer did, dropped when a
+    /// read found the kernel's queue empty (with no handler call running and no other read
+    /// open): the mirror was out of step and is back in it.
+    pub mirror_resynced: u64,
     /// Handler calls not mirrored: the queue map (one entry per channel) was full.
     pub queue_map_full: u64,
     /// Threads that found every thread slot taken: their events are in pid 0.
@@ -90,6 +94,7 @@ impl Losses {
             let lost = |i: u32| c.lost[i as usize];
             l.queue_overflow = c.get(W_DROPPED);
             l.unmatched_reads = c.get(W_UNMATCHED);
+            l.mirror_resynced = lost(L_MIRROR_RESYNCED);
             l.queue_map_full = lost(L_NO_QUEUE);
             l.threads_without_slot = lost(L_NO_SLOT);
             l.slots_refound = lost(L_SLOT_REFOUND);
@@ -136,6 +141,11 @@ impl Losses {
                 "unmatched_reads",
                 self.unmatched_reads,
                 "reads of an event the mirror did not hold (not in the waterfall)".to_owned(),
+            ),
+            (
+                "mirror_resynced",
+                self.mirror_resynced,
+                "events the queue mirror held after the kernel's queue had emptied, dropped to put it back in step (reads before were paired with older events)".to_owned(),
             ),
             (
                 "queue_map_full",
@@ -261,6 +271,7 @@ mod tests {
             comm: format!("t{tid}"),
             counts: c,
             hists: Vec::new(),
+            cpus: Default::default(),
         }
     }
 

@@ -431,7 +431,7 @@ fn render_cqs(
             } else {
                 escape(&device)
             },
-            c.res_id.map_or("?".to_owned(), |id| id.to_string()),
+            c.id().map_or("?".to_owned(), |id| id.to_string()),
         );
         let e = by_cq.entry(key).or_default();
         e.0 += c.events;
@@ -775,6 +775,7 @@ mod tests {
                     comm: "demo".into(),
                     counts,
                     hists,
+                    cpus: Default::default(),
                 },
             )]
             .into(),
@@ -824,7 +825,7 @@ mod tests {
         let mut snap = snap;
         for i in 0..CQ_SERIES as u32 + 5 {
             let mut c = crate::waterfall::model::CqData {
-                res_id: Some(i),
+                res_id: i,
                 events: 100 + u64::from(i),
                 ..Default::default()
             };

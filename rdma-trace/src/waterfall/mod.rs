@@ -22,7 +22,7 @@ use aya::{
     programs::{KProbe, Program, ProgramError, RawTracePoint, TracePoint},
 };
 use rdma_trace_common::waterfall::{
-    CLASS_UNKNOWN, WF_CPUS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfCq, WfCqKey, WfCqRow,
+    NR_CPU_KINDS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfCpuTopo, WfCq, WfCqKey, WfCqRow,
     WfHist, WfQueue, WfReading, WfSample, WfThread, WfWake,
 };
 
@@ -61,6 +61,8 @@ struct Offsets {
     /// `struct ib_cq`'s `device` and `struct ib_device`'s `name` (the CQ rows' device
     /// labels), zeros when not found.
     cq_device: [u32; 2],
+    /// `struct ib_uverbs_event_queue`'s `event_list` (the mirror's check), 0 when not found.
+    event_list: u32,
     /// rxe (its module's BTF, when loaded): `rxe_cq.queue`, `rxe_queue.buf`, and the shared
     /// buffer's `index_mask`, `producer_index`, `consumer_index`; zeros when not found.
     rxe: [u32; 5],
@@ -100,6 +102,9 @@ fn btf_offsets(root: &Path) -> Result<Offsets> {
         .member_offset("ib_cq", "device")
         .and_then(|d| Ok([d, split.member_offset("ib_device", "name")?]))
         .unwrap_or([0; 2]);
+    let event_list = split
+        .member_offset("ib_uverbs_event_queue", "event_list")
+        .unwrap_or(0);
     let rxe = std::fs::read(dir.join("rdma_rxe"))
         .ok()
         .and_then(|m| Btf::parse(&m, Some(base)).ok())
@@ -119,6 +124,7 @@ fn btf_offsets(root: &Path) -> Result<Offsets> {
         cq_res_id,
         task_state,
         cq_device,
+        event_list,
         rxe,
     })
 }
@@ -247,6 +253,8 @@ pub struct Waterfall {
     stalls: RefCell<BTreeMap<(u32, u64), stall::Stall>>,
     /// Threads that exited, banked when their slots were freed.
     retired: RefCell<Retired>,
+    /// The possible CPUs the per-CPU maps were sized for.
+    ncpus: u32,
 }
 
 /// At most this many exited threads are kept one by one (about 20 KiB each, copied into
@@ -294,7 +302,7 @@ impl Waterfall {
     /// waterfall attached so far is detached again.
     pub fn start(p: Prepared, bpf: &mut Bpf) -> Result<Waterfall> {
         let mut notes = Vec::new();
-        let r = attach_all(bpf.ebpf_mut(), &mut notes);
+        let r = attach_all(bpf.ebpf_mut(), p.cfg.ncpus, &mut notes);
         if let Err(e) = r {
             let attached: Vec<String> = notes
                 .iter()
@@ -331,6 +339,7 @@ impl Waterfall {
             stall_after: p.stall_after,
             stalls: RefCell::new(BTreeMap::new()),
             retired: RefCell::new(Retired::default()),
+            ncpus: p.cfg.ncpus,
         })
     }
 
@@ -412,7 +421,7 @@ impl Waterfall {
         };
         let mut snap = Snapshot::default();
         let mut retired = self.retired.borrow_mut();
-        for (slot, info, per_cpu, hists) in raw {
+        for (slot, info, per_cpu, hists, cpu_events) in raw {
             let mut sum = model::Counts::default();
             for c in &per_cpu {
                 sum.add(c);
@@ -435,6 +444,7 @@ impl Waterfall {
                 comm: crate::bpf::c_string(&info.comm),
                 counts: sum,
                 hists: hs,
+                cpus: model::CpuEvents::from_flat(&cpu_events, self.ncpus),
             };
             if retired.takes(slot, &info) {
                 // The thread has exited: nothing counts in its slot any more. Its data is
@@ -463,7 +473,7 @@ impl Waterfall {
             let (key, values) =
                 entry.map_err(|e| anyhow!("reading WF_CQ_ROWS_MAP: {}", chain(&e)))?;
             let values: Vec<WfCqRow> = values.iter().copied().collect();
-            out.insert((key.tgid, key.cq), model::CqData::from_per_cpu(&values));
+            out.insert((key.tgid, key.cq), model::cq_from_per_cpu(&values));
         }
         Ok(out)
     }
@@ -484,12 +494,22 @@ impl Waterfall {
             let zero = aya::maps::PerCpuValues::try_from(vec![empty; cpus])?;
             hists.set(slot * WF_NHIST + h, zero, 0)?;
         }
+        let mut events: Array<MapData, u64> = Array::try_from(self.map_copy("WF_CPU_EVENTS")?)?;
+        for i in self.cpu_events_range(slot) {
+            events.set(i, 0, 0)?;
+        }
         let mut threads: Array<MapData, WfThread> = Array::try_from(self.map_copy("WF_THREAD")?)?;
         threads.set(slot, WfThread::NONE, 0)?;
         let mut owners: BpfHashMap<MapData, u32, u32> =
             BpfHashMap::try_from(self.map_copy("WF_SLOT_OWNER")?)?;
         owners.remove(&slot)?;
         Ok(())
+    }
+
+    /// `WF_CPU_EVENTS`' entries of thread slot `slot`.
+    fn cpu_events_range(&self, slot: u32) -> std::ops::Range<u32> {
+        let per_slot = NR_CPU_KINDS * self.ncpus;
+        slot * per_slot..(slot + 1) * per_slot
     }
 
     /// A map of the object through a file descriptor of its own, to write to it from `&self`.
@@ -519,6 +539,7 @@ impl Waterfall {
             }
         };
         let (threads, counts, hists) = (fd("WF_THREAD")?, fd("WF_COUNTS")?, fd("WF_HIST")?);
+        let cpu_events = fd("WF_CPU_EVENTS")?;
         let cpus = crate::bpf::batch::possible_cpus()?;
         // The owners first (a few hundred bytes): a slot's owner is written before anything is
         // counted in it, so only owned slots (and the shared last one) are read further. The
@@ -535,11 +556,15 @@ impl Waterfall {
             }
             let hs: Vec<WfHist> =
                 crate::bpf::batch::lookup_range(hists, slot * WF_NHIST, WF_NHIST, cpus)?;
+            let range = self.cpu_events_range(slot);
+            let events: Vec<u64> =
+                crate::bpf::batch::lookup_range(cpu_events, range.start, range.len() as u32, 1)?;
             out.push((
                 slot,
                 info,
                 per_cpu,
                 hs.chunks_exact(cpus).map(<[WfHist]>::to_vec).collect(),
+                events,
             ));
         }
         Some(out)
@@ -551,6 +576,7 @@ impl Waterfall {
         let counts: PerCpuArray<&MapData, WfCounts> =
             PerCpuArray::try_from(self.map("WF_COUNTS")?)?;
         let hists: PerCpuArray<&MapData, WfHist> = PerCpuArray::try_from(self.map("WF_HIST")?)?;
+        let cpu_events: Array<&MapData, u64> = Array::try_from(self.map("WF_CPU_EVENTS")?)?;
         let mut out = Vec::new();
         for slot in 0..WF_THREADS {
             let per_cpu: Vec<WfCounts> = counts
@@ -572,7 +598,12 @@ impl Waterfall {
                     .map_err(|e| anyhow!("reading WF_HIST: {}", chain(&e)))?;
                 hs.push(per_cpu.iter().copied().collect());
             }
-            out.push((slot, info, per_cpu, hs));
+            let events = self
+                .cpu_events_range(slot)
+                .map(|i| cpu_events.get(&i, 0))
+                .collect::<Result<Vec<u64>, _>>()
+                .map_err(|e| anyhow!("reading WF_CPU_EVENTS: {}", chain(&e)))?;
+            out.push((slot, info, per_cpu, hs, events));
         }
         Ok(out)
     }
@@ -706,8 +737,9 @@ impl Waterfall {
 }
 
 /// The maps the waterfall reads once attached, taken out of the object.
-const READ_MAPS: [&str; 9] = [
+const READ_MAPS: [&str; 10] = [
     "WF_COUNTS",
+    "WF_CPU_EVENTS",
     "WF_HIST",
     "WF_THREAD",
     "WF_SLOT_OWNER",
@@ -784,9 +816,13 @@ impl Prepared {
             task_state: off.task_state,
             cq_device: off.cq_device[0],
             dev_name: off.cq_device[1],
+            ncpus: topology::possible_cpus(root).map_err(|e| anyhow!("counting CPUs: {e}"))?,
+            event_list: off.event_list,
+            fault_phantoms: fault_phantoms()?,
+            _pad: 0,
         };
-        let ncpu = aya::util::nr_cpus().map_err(|(_, e)| anyhow!("counting CPUs: {e}"))?;
-        let ring = (sample.max(1) * SAMPLE_BYTES * ncpu)
+        let ncpus = cfg.ncpus;
+        let ring = (sample.max(1) * SAMPLE_BYTES * ncpus as usize)
             .max(if timeline > 0 { TIMELINE_RING_BYTES } else { 0 })
             .next_power_of_two()
             .clamp(4096, 1 << 28) as u32;
@@ -803,28 +839,45 @@ impl Prepared {
     pub fn configure(&self, config: &mut ObjectConfig) {
         config.set_global("WF_CONFIG", &self.cfg);
         config.map_sizes.push(("WF_SAMPLES", self.ring));
+        config.map_sizes.extend(cpu_map_sizes(self.cfg.ncpus));
         config.shared.extend(SHARED_HOOKS);
     }
 }
 
-/// Fill the CPU placement table and attach every program of the waterfall in `ebpf`, noting
-/// each in `notes`: an error when a required one fails.
-fn attach_all(ebpf: &mut Ebpf, notes: &mut Vec<AttachNote>) -> Result<()> {
-    let topology = Topology::read(Path::new("/"));
+/// The test hook `RDMA_TRACE_FAULT_MIRROR_PHANTOMS=N`: each channel's mirror counts N events
+/// the kernel never queued (`WfConfig::fault_phantoms`), for the guest test of the mirror's
+/// check against the kernel's queue.
+fn fault_phantoms() -> Result<u32> {
+    const VAR: &str = "RDMA_TRACE_FAULT_MIRROR_PHANTOMS";
+    match std::env::var(VAR) {
+        Err(_) => Ok(0),
+        Ok(v) => v.parse().map_err(|_| {
+            anyhow!("{VAR}={v:?} is not a count: set it to a whole number of events, or unset it")
+        }),
+    }
+}
+
+/// The sizes of the maps with an entry per possible CPU, for `ncpus` of them: the topology
+/// (`WF_CPU_TOPO`) and each thread slot's events per kind and CPU (`WF_CPU_EVENTS`).
+fn cpu_map_sizes(ncpus: u32) -> [(&'static str, u32); 2] {
+    [
+        ("WF_CPU_TOPO", ncpus.max(1)),
+        ("WF_CPU_EVENTS", (WF_THREADS * NR_CPU_KINDS * ncpus).max(1)),
+    ]
+}
+
+/// Fill the CPU topology table (`ncpus` CPUs) and attach every program of the waterfall in
+/// `ebpf`, noting each in `notes`: an error when a required one fails.
+fn attach_all(ebpf: &mut Ebpf, ncpus: u32, notes: &mut Vec<AttachNote>) -> Result<()> {
     {
-        let mut classes: Array<&mut MapData, u32> = Array::try_from(
-            ebpf.map_mut("WF_CLASS")
-                .context("map WF_CLASS is not in the eBPF object")?,
+        let mut table: Array<&mut MapData, WfCpuTopo> = Array::try_from(
+            ebpf.map_mut("WF_CPU_TOPO")
+                .context("map WF_CPU_TOPO is not in the eBPF object")?,
         )?;
-        for a in 0..WF_CPUS {
-            for b in 0..WF_CPUS {
-                let c = topology.class(a, b);
-                if c != CLASS_UNKNOWN {
-                    classes
-                        .set(a * WF_CPUS + b, c, 0)
-                        .map_err(|e| anyhow!("filling WF_CLASS: {}", chain(&e)))?;
-                }
-            }
+        for (cpu, ids) in (0..).zip(Topology::read(Path::new("/")).table(ncpus)) {
+            table
+                .set(cpu, ids, 0)
+                .map_err(|e| anyhow!("filling WF_CPU_TOPO: {}", chain(&e)))?;
         }
     }
     // Consumers before producers: a read seen without its handler only counts unmatched.
@@ -944,8 +997,8 @@ fn unused(per_cpu: &[WfCounts]) -> bool {
 }
 
 /// One thread slot as read from the maps: (slot, owner, per-CPU counters, per-CPU values of
-/// each histogram).
-type RawSlot = (u32, WfThread, Vec<WfCounts>, Vec<Vec<WfHist>>);
+/// each histogram, its `WF_CPU_EVENTS` entries).
+type RawSlot = (u32, WfThread, Vec<WfCounts>, Vec<Vec<WfHist>>, Vec<u64>);
 
 /// IRQ numbers of mlx5's completion vectors: the IRQs the probe table's mlx5 IRQ rows match.
 pub fn mlx5_completion_irqs(interrupts: &[(u32, String)]) -> Vec<u32> {
@@ -1164,6 +1217,7 @@ mod tests {
                 comm: format!("t{tid}"),
                 counts,
                 hists: vec![Histogram::default(); WF_NHIST as usize],
+                cpus: Default::default(),
             }
         };
         let exited = |tid: u32| WfThread {

@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use rdma_trace_common::waterfall::{
-    CQ_SUMS, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED, NR_CLASSES,
-    W_AWAKE, W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM,
-    W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_NHIST, WfCounts,
-    WfCqRow,
+    CPU_HANDLER, CPU_READ, CPU_WAITER, CQ_SUMS, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ,
+    H_TOTAL, H_WAKE, L_CLAMPED, NR_CLASSES, NR_CPU_KINDS, W_AWAKE, W_AWAKE_ON_CPU_SUM,
+    W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS,
+    W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_NHIST, WfCounts, WfCqRow,
 };
 use serde::Serialize;
 
@@ -28,62 +28,75 @@ pub struct ThreadData {
     pub counts: Counts,
     /// `WF_NHIST` histograms (see `rdma_trace_common::waterfall::H_*`).
     pub hists: Vec<Histogram>,
+    /// Its events per CPU of each stage.
+    pub cpus: CpuEvents,
+}
+
+/// One thread's events per CPU (only CPUs with events), per kind (`CPU_*`): the handler's
+/// CPU, the waiter's, the read's. The eBPF side counts them in `WF_CPU_EVENTS`, sized for the
+/// machine's possible CPUs at load.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuEvents(pub [BTreeMap<u32, u64>; NR_CPU_KINDS as usize]);
+
+impl CpuEvents {
+    /// From one slot's part of `WF_CPU_EVENTS`: `ncpus` counts per kind, kind by kind.
+    pub fn from_flat(flat: &[u64], ncpus: u32) -> CpuEvents {
+        let mut out = CpuEvents::default();
+        if ncpus == 0 {
+            return out;
+        }
+        for (kind, counts) in out.0.iter_mut().zip(flat.chunks(ncpus as usize)) {
+            *kind = cpus(counts);
+        }
+        out
+    }
+
+    fn add(&mut self, o: &CpuEvents) {
+        for (a, b) in self.0.iter_mut().zip(&o.0) {
+            for (cpu, n) in b {
+                *a.entry(*cpu).or_default() += n;
+            }
+        }
+    }
+
+    /// Takes `o`'s counts from these, down to 0 at the least; CPUs left at 0 go.
+    fn subtract(&mut self, o: &CpuEvents) {
+        for (a, b) in self.0.iter_mut().zip(&o.0) {
+            for (cpu, n) in b {
+                if let Some(v) = a.get_mut(cpu) {
+                    *v = v.saturating_sub(*n);
+                }
+            }
+            a.retain(|_, v| *v != 0);
+        }
+    }
 }
 
 impl ThreadData {
     fn merge(&mut self, o: &ThreadData) {
         self.counts.add(&o.counts);
+        self.cpus.add(&o.cpus);
         for (a, b) in self.hists.iter_mut().zip(&o.hists) {
             *a = a.add(b);
         }
     }
 }
 
-/// The completion events one process read of one CQ, summed over CPUs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CqData {
-    /// The CQ's restrack id (`rdma res show cq`'s `cqn`), when known.
-    pub res_id: Option<u32>,
-    /// Its device's name (NUL-padded), empty when not known.
-    pub device: [u8; 16],
-    pub events: u64,
-    pub woken: u64,
-    pub driver_events: u64,
-    pub clamped: u64,
-    /// Stage sums, see `rdma_trace_common::waterfall::CQ_SUMS`.
-    pub sums: [u64; CQ_SUMS],
-}
+/// The completion events one process read of one CQ, summed over CPUs (see
+/// [`WfCqRow::add`]): its restrack id (`WfCqRow::id`) and device name as labels.
+pub type CqData = WfCqRow;
 
-impl CqData {
-    /// The per-CPU values of one (process, CQ) row, summed; the labels from the CPU that made
-    /// the row.
-    pub fn from_per_cpu(values: &[WfCqRow]) -> CqData {
-        let mut d = CqData::default();
-        for v in values {
-            if v.labelled == 1 {
-                d.res_id = (v.res_id != rdma_trace_common::waterfall::NO_ID).then_some(v.res_id);
-                d.device = v.device;
-            }
-            d.events += v.events;
-            d.woken += v.woken;
-            d.driver_events += v.driver_events;
-            d.clamped += v.clamped;
-            for (a, b) in d.sums.iter_mut().zip(v.sums) {
-                *a += b;
-            }
-        }
-        d
+/// The per-CPU values of one (process, CQ) row, summed; the labels from the CPU that made the
+/// row.
+pub fn cq_from_per_cpu(values: &[WfCqRow]) -> CqData {
+    let mut d = CqData {
+        res_id: rdma_trace_common::waterfall::NO_ID,
+        ..CqData::default()
+    };
+    for v in values {
+        d.add(v);
     }
-
-    fn subtract(&mut self, o: &CqData) {
-        self.events = self.events.saturating_sub(o.events);
-        self.woken = self.woken.saturating_sub(o.woken);
-        self.driver_events = self.driver_events.saturating_sub(o.driver_events);
-        self.clamped = self.clamped.saturating_sub(o.clamped);
-        for (a, b) in self.sums.iter_mut().zip(o.sums) {
-            *a = a.saturating_sub(b);
-        }
-    }
+    d
 }
 
 /// Every thread slot with data, by slot; and every (process, CQ) row, by (tgid, CQ address).
@@ -106,6 +119,7 @@ impl Snapshot {
             let mut d = t.clone();
             if let Some(b) = before {
                 d.counts.subtract(&b.counts);
+                d.cpus.subtract(&b.cpus);
                 d.hists = t
                     .hists
                     .iter()
@@ -302,9 +316,9 @@ impl Waterfall {
             stages_per_event_ns: ratio(partition as f64, events),
             total_mean_ns: ratio(total_sum as f64, events),
             placement,
-            handler_cpus: cpus(&c.handler_cpu),
-            waiter_cpus: cpus(&c.waiter_cpu),
-            read_cpus: cpus(&c.read_cpu),
+            handler_cpus: t.cpus.0[CPU_HANDLER as usize].clone(),
+            waiter_cpus: t.cpus.0[CPU_WAITER as usize].clone(),
+            read_cpus: t.cpus.0[CPU_READ as usize].clone(),
         }
     }
 
@@ -362,7 +376,7 @@ impl CqReport {
         let awake = c.events - c.woken.min(c.events);
         CqReport {
             device: (!device.is_empty()).then_some(device),
-            cq: c.res_id,
+            cq: c.id(),
             events: c.events,
             woken: c.woken,
             awake,
@@ -397,9 +411,15 @@ impl WaterfallReport {
             }
         }) {
             let e = by_pid.entry(t.tgid).or_insert_with(|| {
-                let mut z = t.clone();
-                z.counts = Counts::default();
-                z.hists = vec![Histogram::default(); WF_NHIST as usize];
+                // The process's sum, from nothing: only its ids come from its first thread.
+                let z = ThreadData {
+                    tid: t.tid,
+                    tgid: t.tgid,
+                    comm: t.comm.clone(),
+                    counts: Counts::default(),
+                    hists: vec![Histogram::default(); WF_NHIST as usize],
+                    cpus: CpuEvents::default(),
+                };
                 (z, Vec::new())
             });
             e.0.merge(t);
@@ -727,6 +747,8 @@ mod tests {
         let mut c = Counts::default();
         let mut hs = vec![Histogram::default(); WF_NHIST as usize];
         let mut vals: Vec<Vec<u64>> = vec![Vec::new(); WF_NHIST as usize];
+        let mut cpus = CpuEvents::default();
+        let mut on = |cpu: u32| *cpus.0[CPU_WAITER as usize].entry(cpu).or_default() += 1;
         for &(a, b, d) in woken {
             vals[H_WAKE as usize].push(a);
             vals[H_RUNQ as usize].push(b);
@@ -734,13 +756,13 @@ mod tests {
             vals[H_TOTAL as usize].push(a + b + d);
             vals[(H_CLASS + 4) as usize].push(b);
             c.classes[4] += 1;
-            c.waiter_cpu[1] += 1;
+            on(1);
         }
         for &v in awake {
             vals[H_AWAKE as usize].push(v);
             vals[H_TOTAL as usize].push(v);
             c.classes[0] += 1;
-            c.waiter_cpu[0] += 1;
+            on(0);
         }
         for (h, v) in vals.iter().enumerate() {
             hs[h] = hist(v);
@@ -758,7 +780,54 @@ mod tests {
             comm: format!("t{tid}"),
             counts: c,
             hists: hs,
+            cpus,
         }
+    }
+
+    /// A slot's `WF_CPU_EVENTS` entries on a 256-CPU machine, as the eBPF side indexes them
+    /// (`cpu_event_index`), through a window's difference: CPUs past the old fixed 64 count.
+    #[test]
+    fn cpu_events_of_a_256_cpu_machine_keep_every_cpu_through_a_window() {
+        use rdma_trace_common::waterfall::cpu_event_index;
+        let n = 256;
+        let slot = 5;
+        let flat = |counts: &[(u32, u32, u64)]| {
+            let mut map = vec![0u64; (WF_THREADS * NR_CPU_KINDS * n) as usize];
+            for &(kind, cpu, c) in counts {
+                map[cpu_event_index(slot, kind, cpu, n) as usize] = c;
+            }
+            let start = cpu_event_index(slot, 0, 0, n) as usize;
+            CpuEvents::from_flat(&map[start..start + (NR_CPU_KINDS * n) as usize], n)
+        };
+        let before = flat(&[
+            (CPU_HANDLER, 3, 2),
+            (CPU_WAITER, 200, 2),
+            (CPU_READ, 255, 2),
+        ]);
+        let after = flat(&[
+            (CPU_HANDLER, 3, 2),
+            (CPU_HANDLER, 130, 4),
+            (CPU_WAITER, 200, 6),
+            (CPU_READ, 255, 6),
+        ]);
+        let data = |cpus: CpuEvents, events: u64| {
+            let mut t = thread(9, 9, &[], &[]);
+            t.counts.counters[W_EVENTS as usize] = events;
+            t.cpus = cpus;
+            t
+        };
+        let mut a = Snapshot::default();
+        a.threads.insert(slot, data(before, 2));
+        let mut b = Snapshot::default();
+        b.threads.insert(slot, data(after, 6));
+        let w = Waterfall::from_data(&b.since(&a).threads[&slot]);
+        assert_eq!(
+            w.handler_cpus,
+            BTreeMap::from([(130, 4)]),
+            "CPU 3 had none new"
+        );
+        assert_eq!(w.waiter_cpus, BTreeMap::from([(200, 4)]));
+        assert_eq!(w.read_cpus, BTreeMap::from([(255, 4)]));
     }
 
     #[test]
@@ -836,6 +905,11 @@ mod tests {
         assert_eq!(r.processes[0].pid, 10);
         assert_eq!(r.processes[0].waterfall.events, 3);
         assert_eq!(r.processes[0].threads.len(), 2);
+        assert_eq!(
+            r.processes[0].waterfall.waiter_cpus,
+            BTreeMap::from([(0, 1), (1, 2)]),
+            "the process's CPUs are its threads', each thread counted once"
+        );
         assert_eq!(r.processes[0].comm, "t10");
         assert_eq!(r.processes[1].waterfall.awake, 2);
         let text = render_report(&r);
@@ -849,7 +923,8 @@ mod tests {
         let (n, w, q, r) = woken;
         let (m, a) = awake;
         let mut d = CqData {
-            res_id: Some(res_id),
+            res_id,
+            labelled: 1,
             events: n + m,
             woken: n,
             sums: [0, n * w, n * q, n * r, m * a, n * (w + q + r) + m * a],

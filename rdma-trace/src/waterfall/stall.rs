@@ -284,6 +284,8 @@ mod tests {
             cqs: [0; WF_QUEUE_LEN as usize],
             woken_at: 0,
             on_cpu_at: 0,
+            handler_done_at: 0,
+            readers: 1,
         };
         if tail > 0 {
             q.handler_at = t1;
@@ -301,6 +303,8 @@ mod tests {
                 cq: 0xc0,
                 tgid: 6,
                 unpolled,
+                counted: 1,
+                _pad: 0,
             },
             queue: Some(q),
             cq,

@@ -7,9 +7,7 @@ use std::{
     path::Path,
 };
 
-use rdma_trace_common::waterfall::{
-    CLASS_LLC, CLASS_NODE, CLASS_OTHER_NODE, CLASS_SAME_CPU, CLASS_SMT, CLASS_UNKNOWN,
-};
+use rdma_trace_common::waterfall::{NO_ID, WfCpuTopo};
 
 /// Names of the classes, by class number.
 pub const CLASS_NAMES: [&str; 6] = [
@@ -135,31 +133,50 @@ impl Topology {
         self.cpus.keys().copied()
     }
 
-    /// Placement class of a completion handled on CPU `a` for a waiter on CPU `b`.
-    pub fn class(&self, a: u32, b: u32) -> u32 {
-        let (Some(x), Some(y)) = (self.cpus.get(&a), self.cpus.get(&b)) else {
-            return CLASS_UNKNOWN;
+    /// CPU `cpu`'s place as the eBPF side's `WF_CPU_TOPO` holds it: the lowest CPU of its
+    /// core and of its LLC, and its node ([`WfCpuTopo::UNKNOWN`] for a CPU sysfs did not list).
+    pub fn ids(&self, cpu: u32) -> WfCpuTopo {
+        let Some(x) = self.cpus.get(&cpu) else {
+            return WfCpuTopo::UNKNOWN;
         };
-        if a == b {
-            CLASS_SAME_CPU
-        } else if x.siblings.contains(&b) {
-            CLASS_SMT
-        } else if x.llc.contains(&b) {
-            CLASS_LLC
-        } else {
-            match (x.node, y.node) {
-                (Some(m), Some(n)) if m == n => CLASS_NODE,
-                (Some(_), Some(_)) => CLASS_OTHER_NODE,
-                // No NUMA information: one node.
-                _ => CLASS_NODE,
-            }
+        let lowest = |s: &BTreeSet<u32>| s.first().copied().unwrap_or(NO_ID);
+        WfCpuTopo {
+            core: lowest(&x.siblings),
+            llc: lowest(&x.llc),
+            node: x.node.unwrap_or(NO_ID),
+            known: 1,
         }
     }
+
+    /// `WF_CPU_TOPO`'s entries for CPUs `0..ncpus`.
+    pub fn table(&self, ncpus: u32) -> Vec<WfCpuTopo> {
+        (0..ncpus).map(|c| self.ids(c)).collect()
+    }
+
+    /// Placement class of a completion handled on CPU `a` for a waiter on CPU `b`: what the
+    /// eBPF side computes from [`Self::table`] (the tests' check of the table).
+    #[cfg(test)]
+    pub fn class(&self, a: u32, b: u32) -> u32 {
+        WfCpuTopo::class(a, &self.ids(a), b, &self.ids(b))
+    }
+}
+
+/// The machine's possible CPUs under `root` (`sys/devices/system/cpu/possible`) as the per-CPU
+/// maps count them: the highest CPU id + 1.
+pub fn possible_cpus(root: &Path) -> Result<u32, String> {
+    let path = root.join("sys/devices/system/cpu/possible");
+    let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse_cpu_list(&text)
+        .and_then(|cpus| cpus.last().map(|&c| c + 1))
+        .ok_or_else(|| format!("{}: not a CPU list: {:?}", path.display(), text.trim()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdma_trace_common::waterfall::{
+        CLASS_LLC, CLASS_NODE, CLASS_OTHER_NODE, CLASS_SAME_CPU, CLASS_SMT, CLASS_UNKNOWN,
+    };
 
     /// A directory removed when dropped.
     struct TempDir(std::path::PathBuf);
@@ -257,11 +274,11 @@ mod tests {
     fn same_node_without_a_shared_llc_and_missing_trees() {
         let dir = fixture();
         // Split node 0's LLC in two: 0,4 and 1,5 now share only the node.
-        for cpu in [0u32, 4] {
+        for (cpu, llc) in [(0u32, "0,4"), (4, "0,4"), (1, "1,5"), (5, "1,5")] {
             write(
                 dir.path(),
                 &format!("sys/devices/system/cpu/cpu{cpu}/cache/index3/shared_cpu_list"),
-                "0,4\n",
+                &format!("{llc}\n"),
             );
         }
         let t = Topology::read(dir.path());
@@ -269,5 +286,77 @@ mod tests {
         let empty = TempDir::new();
         let t = Topology::read(empty.path());
         assert_eq!(t.class(0, 0), CLASS_UNKNOWN);
+    }
+
+    /// 256 CPUs: two nodes × two LLCs × 32 cores × two threads, the siblings numbered (n, n+128)
+    /// as Intel does. The old fixed tables covered CPUs 0..64 only.
+    fn fixture_256() -> TempDir {
+        let dir = TempDir::new();
+        let r = dir.path();
+        let list =
+            |a: u32, n: u32| format!("{}-{},{}-{}\n", a, a + n - 1, a + 128, a + 128 + n - 1);
+        for cpu in 0..256u32 {
+            let base = format!("sys/devices/system/cpu/cpu{cpu}");
+            let core = cpu % 128;
+            write(
+                r,
+                &format!("{base}/topology/core_cpus_list"),
+                &format!("{},{}\n", core, core + 128),
+            );
+            write(r, &format!("{base}/cache/index3/level"), "3\n");
+            write(r, &format!("{base}/cache/index3/type"), "Unified\n");
+            write(
+                r,
+                &format!("{base}/cache/index3/shared_cpu_list"),
+                &list(core / 32 * 32, 32),
+            );
+        }
+        write(r, "sys/devices/system/node/node0/cpulist", &list(0, 64));
+        write(r, "sys/devices/system/node/node1/cpulist", &list(64, 64));
+        write(r, "sys/devices/system/cpu/possible", "0-255\n");
+        dir
+    }
+
+    #[test]
+    fn a_256_cpu_machine_gets_a_table_entry_and_a_class_for_every_cpu() {
+        let dir = fixture_256();
+        let t = Topology::read(dir.path());
+        let n = possible_cpus(dir.path()).unwrap();
+        assert_eq!(n, 256);
+        let table = t.table(n);
+        assert_eq!(table.len(), 256);
+        assert!(table.iter().all(|e| e.known == 1), "every CPU read");
+        // What the eBPF side computes from the table, for CPUs past the old 64.
+        let class = |a: u32, b: u32| WfCpuTopo::class(a, &table[a as usize], b, &table[b as usize]);
+        assert_eq!(class(200, 200), CLASS_SAME_CPU);
+        assert_eq!(class(200, 72), CLASS_SMT);
+        assert_eq!(class(255, 127), CLASS_SMT);
+        assert_eq!(class(0, 31), CLASS_LLC);
+        assert_eq!(
+            class(160, 31),
+            CLASS_NODE,
+            "cores 32 and 31: other LLCs, one node"
+        );
+        assert_eq!(class(0, 32), CLASS_NODE);
+        assert_eq!(class(0, 255), CLASS_OTHER_NODE);
+        assert_eq!(class(190, 70), CLASS_OTHER_NODE, "cores 62 and 70");
+        for (a, b) in [(0, 255), (190, 70), (3, 131), (64, 100)] {
+            assert_eq!(
+                class(a, b),
+                t.class(a, b),
+                "table against the sets: {a}, {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn possible_cpus_count_up_to_the_highest_id_and_a_bad_list_says_where() {
+        let dir = TempDir::new();
+        write(dir.path(), "sys/devices/system/cpu/possible", "0-3,8\n");
+        assert_eq!(possible_cpus(dir.path()), Ok(9));
+        write(dir.path(), "sys/devices/system/cpu/possible", "junk\n");
+        let e = possible_cpus(dir.path()).unwrap_err();
+        assert!(e.contains("possible") && e.contains("junk"), "{e}");
+        assert!(possible_cpus(&dir.path().join("none")).is_err());
     }
 }

@@ -502,6 +502,63 @@ fn events_piled_up_past_the_mirror_are_counted_and_the_kept_ones_are_the_oldest(
     );
 }
 
+/// A queue mirror put out of step is found against the kernel's queue and put back in step,
+/// counted. The injected cause (`RDMA_TRACE_FAULT_MIRROR_PHANTOMS=5`): at each side's 100th
+/// handler call, the mirror counts 5 events the kernel never queued, as when the kernel drops a
+/// handler call's event (a closed channel, no memory) or two CPUs' updates race. Without the
+/// check, each later read of those channels would be paired with the handler call of the event
+/// 5 before its own. Independent truths: the demo's own CQ event counts, and its round trips:
+/// a correctly paired event's T1→T4 (handler → read return) lies inside one of the client's
+/// round trips, so the mean T1→T4 stays below the mean round trip; paired 5 events off, it is
+/// several round trips.
+#[test]
+fn a_mirror_out_of_step_with_the_kernels_queue_is_put_back_and_counted() {
+    const PHANTOMS: u64 = 5;
+    let mut cmd = Command::new(RDMA_TRACE);
+    cmd.env("RDMA_TRACE_FAULT_MIRROR_PHANTOMS", PHANTOMS.to_string());
+    let run = run_json_with(
+        &mut cmd,
+        &["run", "--no-tui", "--mode", "event", "-n", "1000"],
+        "mirror-resync",
+    );
+    run.assert_success("rdma-trace run --mode event -n 1000 with phantom events");
+    let phase = &run.report["phases"][0];
+    let losses = &phase["losses"];
+    // Each channel's mirror holds its real events and 5 more; reads take one each (the reads
+    // that met a phantom before the check count as unmatched), and the check drops what is
+    // left once the kernel's queue is empty: 5 per channel, both sides' channels.
+    let (resynced, unmatched) = (u(&losses["mirror_resynced"]), u(&losses["unmatched_reads"]));
+    assert_eq!(resynced, 2 * PHANTOMS, "{losses}");
+    assert!(
+        (1..=2 * PHANTOMS).contains(&unmatched),
+        "reads that met a phantom before the check: {losses}"
+    );
+    let procs = processes(phase);
+    assert_eq!(procs.len(), 1, "{procs:?}");
+    let p = &procs[0];
+    let cq_events = demo_cq_events(&phase["demo"]);
+    let events = u(&p["events"]);
+    assert!(
+        events + unmatched == cq_events,
+        "the waterfall's events ({events}) and unmatched reads ({unmatched}) against the demo's CQ events ({cq_events})"
+    );
+    let reports = phase["demo"]["reports"].as_array().expect("demo reports");
+    let client = find_by(reports, "role", "client").expect("the client's report");
+    let rtt_ns = client["round_trip_us"]["t_avg"].as_f64().expect("t_avg") * 1000.0;
+    let t1_t4 = p["total_mean_ns"].as_f64().expect("total mean");
+    assert!(
+        t1_t4 < rtt_ns,
+        "mean T1→T4 {t1_t4} ns is not inside the client's mean round trip {rtt_ns} ns: events paired with older handler calls; {losses}"
+    );
+    assert!(
+        run.stdout
+            .lines()
+            .any(|l| l.starts_with("lost:") && l.contains("back in step")),
+        "the text report names the resync:\n{}",
+        run.stdout
+    );
+}
+
 /// One process with two CQs: the loopback ping-pong's client thread waits on its CQ on rxe1,
 /// its server thread on its own on rxe0. The process's waterfall has one row per CQ. Independent
 /// truths: each side's own count of the CQ events it read (`reports[].cq_events`, with its
