@@ -23,7 +23,7 @@ use aya::{
 };
 use rdma_trace_common::waterfall::{
     NR_CPU_KINDS, WF_NHIST, WF_THREADS, WfConfig, WfCounts, WfCpuTopo, WfCq, WfCqKey, WfCqRow,
-    WfHist, WfQueue, WfReading, WfSample, WfThread, WfWake,
+    WfHist, WfQueue, WfReading, WfSample, WfThread, WfWake, cpu_event_index,
 };
 
 pub use self::model::{Snapshot, WaterfallReport};
@@ -506,10 +506,9 @@ impl Waterfall {
         Ok(())
     }
 
-    /// `WF_CPU_EVENTS`' entries of thread slot `slot`.
+    /// `WF_CPU_EVENTS`' entries of thread slot `slot`, laid out as the eBPF side indexes them.
     fn cpu_events_range(&self, slot: u32) -> std::ops::Range<u32> {
-        let per_slot = NR_CPU_KINDS * self.ncpus;
-        slot * per_slot..(slot + 1) * per_slot
+        cpu_event_index(slot, 0, 0, self.ncpus)..cpu_event_index(slot + 1, 0, 0, self.ncpus)
     }
 
     /// A map of the object through a file descriptor of its own, to write to it from `&self`.

@@ -211,6 +211,15 @@ mod tests {
         fs::write(p, text).unwrap();
     }
 
+    /// A CPU's cache `index` (its `level` and `type`) shared by the CPUs of `shared`, under
+    /// the CPU's directory `base`.
+    fn cache(root: &Path, base: &str, (index, level, kind): (u32, u32, &str), shared: &str) {
+        let dir = format!("{base}/cache/index{index}");
+        write(root, &format!("{dir}/level"), &format!("{level}\n"));
+        write(root, &format!("{dir}/type"), &format!("{kind}\n"));
+        write(root, &format!("{dir}/shared_cpu_list"), shared);
+    }
+
     /// Two nodes × one LLC × two cores × two threads: CPUs 0..8, siblings (n, n+4) as Intel
     /// numbers them.
     fn fixture() -> TempDir {
@@ -225,20 +234,8 @@ mod tests {
                 &format!("{},{}\n", sib, sib + 4),
             );
             let llc = if sib < 2 { "0-1,4-5" } else { "2-3,6-7" };
-            write(r, &format!("{base}/cache/index0/level"), "1\n");
-            write(r, &format!("{base}/cache/index0/type"), "Data\n");
-            write(
-                r,
-                &format!("{base}/cache/index0/shared_cpu_list"),
-                &format!("{},{}\n", sib, sib + 4),
-            );
-            write(r, &format!("{base}/cache/index3/level"), "3\n");
-            write(r, &format!("{base}/cache/index3/type"), "Unified\n");
-            write(
-                r,
-                &format!("{base}/cache/index3/shared_cpu_list"),
-                &format!("{llc}\n"),
-            );
+            cache(r, &base, (0, 1, "Data"), &format!("{},{}\n", sib, sib + 4));
+            cache(r, &base, (3, 3, "Unified"), &format!("{llc}\n"));
         }
         write(r, "sys/devices/system/node/node0/cpulist", "0-1,4-5\n");
         write(r, "sys/devices/system/node/node1/cpulist", "2-3,6-7\n");
@@ -303,13 +300,7 @@ mod tests {
                 &format!("{base}/topology/core_cpus_list"),
                 &format!("{},{}\n", core, core + 128),
             );
-            write(r, &format!("{base}/cache/index3/level"), "3\n");
-            write(r, &format!("{base}/cache/index3/type"), "Unified\n");
-            write(
-                r,
-                &format!("{base}/cache/index3/shared_cpu_list"),
-                &list(core / 32 * 32, 32),
-            );
+            cache(r, &base, (3, 3, "Unified"), &list(core / 32 * 32, 32));
         }
         write(r, "sys/devices/system/node/node0/cpulist", &list(0, 64));
         write(r, "sys/devices/system/node/node1/cpulist", &list(64, 64));

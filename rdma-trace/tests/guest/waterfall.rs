@@ -439,6 +439,16 @@ done
 /// mirror of it (`rdma-demo --fault-unread-events N`: its client polls the first N completions
 /// with the CQ armed, leaving each event queued, then reads them all in one burst). The truths:
 /// the demo's own count of the events it read in that burst, and its own stamps of its posts.
+/// The text report's `lost:` line names a loss whose text holds `says`.
+fn assert_lost_line_says(stdout: &str, says: &str) {
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("lost:") && l.contains(says)),
+        "no lost: line says {says:?}:\n{stdout}"
+    );
+}
+
 /// Every event past the mirror's 16 is counted as lost, twice (not kept, and its read
 /// unmatched), and the 16 that were kept are the oldest: the burst's first read gets the first
 /// event's handler time, from the client's first round trip (the kernel hands events out
@@ -475,13 +485,7 @@ fn events_piled_up_past_the_mirror_are_counted_and_the_kept_ones_are_the_oldest(
     let losses = &phase["losses"];
     assert_eq!(u(&losses["queue_overflow"]), burst - 16, "{losses}");
     assert_eq!(u(&losses["unmatched_reads"]), burst - 16, "{losses}");
-    assert!(
-        run.stdout
-            .lines()
-            .any(|l| l.starts_with("lost:") && l.contains("mirror was full")),
-        "the text report names the overflow:\n{}",
-        run.stdout
-    );
+    assert_lost_line_says(&run.stdout, "mirror was full");
     // The client thread's first sampled event is the burst's first read (it read nothing
     // before): its T1 lies in the client's first round trip, between its first two posts.
     let tid = u(&client["stamps"]["tid"]);
@@ -550,13 +554,7 @@ fn a_mirror_out_of_step_with_the_kernels_queue_is_put_back_and_counted() {
         t1_t4 < rtt_ns,
         "mean T1→T4 {t1_t4} ns is not inside the client's mean round trip {rtt_ns} ns: events paired with older handler calls; {losses}"
     );
-    assert!(
-        run.stdout
-            .lines()
-            .any(|l| l.starts_with("lost:") && l.contains("back in step")),
-        "the text report names the resync:\n{}",
-        run.stdout
-    );
+    assert_lost_line_says(&run.stdout, "back in step");
 }
 
 /// One process with two CQs: the loopback ping-pong's client thread waits on its CQ on rxe1,
