@@ -66,7 +66,8 @@ pub const CLASS_OTHER_NODE: u32 = 4;
 pub const CLASS_UNKNOWN: u32 = 5;
 pub const NR_CLASSES: u32 = 6;
 
-/// Counter: events read with their handler's T1 (every event the waterfall covers).
+/// Counter: events read with their handler's T1 and stamped (every event the waterfall covers,
+/// but those left unstamped by `--sample-every`: [`W_UNSTAMPED`]).
 pub const W_EVENTS: u32 = 0;
 /// Counter: events whose reader was woken inside their handler.
 pub const W_WOKEN: u32 = 1;
@@ -94,7 +95,15 @@ pub const W_AWAKE_SPLIT_SHORT: u32 = W_AWAKE_RUNNABLE_SUM + 1;
 /// Counter: sum in ns of the time the readers of already-awake events spent on a CPU within
 /// T1→T4 (the rest of [`H_AWAKE`] they were asleep on something else).
 pub const W_AWAKE_ON_CPU_SUM: u32 = W_AWAKE_SPLIT_SHORT + 1;
-pub const NR_WCOUNTERS: u32 = W_AWAKE_ON_CPU_SUM + 1;
+/// Counter: events read and matched to their handler call but not stamped (`--sample-every
+/// N` stamps 1 in N of each channel's events): counted, in no stage, histogram or class.
+/// Every event the waterfall covers is `W_EVENTS + W_UNSTAMPED`.
+pub const W_UNSTAMPED: u32 = W_AWAKE_ON_CPU_SUM + 1;
+pub const NR_WCOUNTERS: u32 = W_UNSTAMPED + 1;
+
+/// In a queue slot's `cpu` (`WfQueue::cpu`): the handler call did not stamp this event
+/// (`--sample-every`): its wake-up is not kept and its read only counts it ([`W_UNSTAMPED`]).
+pub const SLOT_UNSTAMPED: u64 = 1 << 32;
 
 /// Loss counter: events whose T2 or T3 lay outside [T1, T4] (or T3 before T2) and were clamped
 /// into it: their stages are approximate (the wake-up or switch-in was likely another event's).

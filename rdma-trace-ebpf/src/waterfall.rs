@@ -21,6 +21,9 @@
 //! events that needed it are counted (`L_CLAMPED`), and so is every loss (`L_*`: failed map
 //! writes, a full sample ring, missed read returns), in the per-CPU row the event or thread
 //! already uses, or the shared last slot's when no thread is known.
+//! With `--sample-every N` (`WF_SAMPLE_EVERY`), each channel's handler stamps one event in
+//! N: the others keep their place in the mirror, marked [`SLOT_UNSTAMPED`], so reads stay
+//! matched, but their wake-up is not kept and their read only counts them (`W_UNSTAMPED`).
 //! Only threads woken inside a handler are in `WF_WAKE`, so `sched_switch` costs one hash
 //! lookup for everyone else, and `sched_waking` one per-CPU read outside handlers.
 
@@ -39,12 +42,12 @@ use rdma_trace_common::{
         CLASS_UNKNOWN, CPU_HANDLER, CPU_READ, CPU_WAITER, CQ_SUMS, H_AWAKE, H_CLASS, H_DRIVER,
         H_READ, H_RUNQ, H_TOTAL, H_WAKE, L_CLAMPED, L_CQ_ROW_NOT_STORED, L_MIRROR_RESYNCED,
         L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED, L_SAMPLES, L_SLOT_NOT_STORED,
-        L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED, SF_NO_SWITCH, SF_WOKEN, W_AWAKE,
-        W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM,
-        W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_CQ_ROWS,
-        WF_NHIST, WF_QUEUE_LEN, WF_RUNNABLE_LEN, WF_THREADS, WfConfig, WfCounts, WfCpuTopo, WfCq,
-        WfCqKey, WfCqRow, WfHist, WfQueue as Queue, WfReading as Reading, WfRunnable, WfSample,
-        WfThread, WfWake as Wake,
+        L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED, SF_NO_SWITCH, SF_WOKEN,
+        SLOT_UNSTAMPED, W_AWAKE, W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT,
+        W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED,
+        W_UNSTAMPED, W_WOKEN, WF_CQ_ROWS, WF_NHIST, WF_QUEUE_LEN, WF_RUNNABLE_LEN, WF_THREADS,
+        WfConfig, WfCounts, WfCpuTopo, WfCq, WfCqKey, WfCqRow, WfHist, WfQueue as Queue,
+        WfReading as Reading, WfRunnable, WfSample, WfThread, WfWake as Wake,
     },
 };
 
@@ -89,8 +92,18 @@ pub struct Handler {
     queue: u64,
     /// Position of its event in the channel's queue.
     event: u64,
+    /// 0: none running; [`STAMPING`]: running, its event stamped; [`NOT_STAMPING`]: running,
+    /// its event left unstamped (`--sample-every`): its wake-up is not kept.
     active: u64,
 }
+
+const STAMPING: u64 = 1;
+const NOT_STAMPING: u64 = 2;
+
+/// `--sample-every N`: the handler stamps event k of a channel when k % N == 0 (0 or 1: every
+/// one). A map, not a global: `--enforce` raises it while the run goes on.
+#[map]
+static WF_SAMPLE_EVERY: Array<u32> = Array::with_max_entries(1, 0);
 
 #[map]
 static WF_QUEUES: HashMap<u64, Queue> = HashMap::with_max_entries(1024, 0);
@@ -341,6 +354,8 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
         event += u64::from(phantoms);
     }
     q.tail = event + 1;
+    let every = WF_SAMPLE_EVERY.get(0).copied().unwrap_or(0);
+    let stamped = every <= 1 || event % u64::from(every) == 0;
     // Kept only when its slot's event has been read: the kernel hands events out oldest first,
     // so overwriting an unread one would pair this channel's next reads with the wrong events.
     let i = (event & QMASK) as usize;
@@ -354,7 +369,11 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
         ) {
             *a = t0;
             *b = t1;
-            *c = u64::from(cpu());
+            *c = if stamped {
+                u64::from(cpu())
+            } else {
+                u64::from(cpu()) | SLOT_UNSTAMPED
+            };
             *n = event + 1;
             *k = cq;
         }
@@ -367,7 +386,7 @@ pub fn wf_handler_entry(ctx: ProbeContext) -> u32 {
             *h = Handler {
                 queue,
                 event,
-                active: 1,
+                active: if stamped { STAMPING } else { NOT_STAMPING },
             }
         };
     }
@@ -442,8 +461,8 @@ pub fn wf_sched_waking(ctx: TracePointContext) -> u32 {
     };
     // SAFETY: this CPU's slot, copied.
     let h = unsafe { *h };
-    if h.active == 0 {
-        return 0; // not inside a completion handler: not ours
+    if h.active != STAMPING {
+        return 0; // not inside a completion handler (not ours), or its event is not stamped
     }
     // SAFETY: as above.
     let target: i32 = unsafe { ctx.read_at(cfg.waking_target_cpu as usize) }.unwrap_or(-1);
@@ -784,6 +803,11 @@ fn read_returned(ctx: &RetProbeContext, tid: u32, r: &Reading, t4: u64) {
     if seq != event + 1 {
         // Its event found the mirror full and was not kept.
         count(slot, W_UNMATCHED);
+        return;
+    }
+    if cpu1 & SLOT_UNSTAMPED != 0 {
+        // Matched but not stamped (`--sample-every`): counted, and nothing more.
+        count(slot, W_UNSTAMPED);
         return;
     }
     let cpu4 = cpu();

@@ -214,3 +214,20 @@ fn version_names_the_embedded_ebpf_object() {
     assert_eq!(id.len(), 12, "{line}");
     assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{line}");
 }
+
+/// `--sample-every N` takes a count from 1 (1: every event stamped): 0, a negative number
+/// and a word are usage errors (clap's: a first line that names the flag, then the hint to
+/// `--help`), before anything is attached.
+#[test]
+fn sample_every_takes_a_count_from_one() {
+    for bad in ["0", "-3", "four"] {
+        let arg = format!("--sample-every={bad}");
+        let (code, err) = fails_early(&["run", "--no-tui", &arg]);
+        assert_eq!(code, 2, "{bad}: {err}");
+        let first = err.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with("error: ") && first.contains("--sample-every"),
+            "{bad}: {err}"
+        );
+    }
+}

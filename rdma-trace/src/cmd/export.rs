@@ -50,9 +50,7 @@ pub async fn run(args: &Args) -> Result<()> {
     let mut config = ObjectConfig::default();
     let prepared = crate::waterfall::prepare_or_explain(
         false,
-        0,
-        0,
-        std::time::Duration::from_secs(1),
+        crate::waterfall::Settings::default(),
         &mut config,
     );
     let mut session = Session::start_with(

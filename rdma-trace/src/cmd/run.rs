@@ -75,6 +75,11 @@ pub struct Args {
     /// the bundled demo then stamps as many of its event reads and posts (`rdma-demo --stamps`).
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=i64::from(rdma_demo::limits::MAX_STAMPS)))]
     pub sample: u32,
+    /// Completion waterfall: stamp the full waterfall for 1 in N of each channel's completion
+    /// events and count every one (cheaper on heavy paths; the stage tables are over the
+    /// stamped events, and the report says so). --enforce raises it over the budget.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub sample_every: u32,
     /// Do not trace the completion waterfall (handler → wake-up → on CPU → read, per thread).
     #[arg(long)]
     pub no_waterfall: bool,
@@ -149,6 +154,7 @@ impl Args {
             no_waterfall: self.no_waterfall,
             stall_after: self.stall_after,
             sample: self.sample,
+            sample_every: self.sample_every,
             timeline: self.timeline.clone(),
             timeline_sample: self.timeline_sample,
             timeline_max_events: self.timeline_max_events,

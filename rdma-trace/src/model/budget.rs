@@ -176,11 +176,15 @@ pub fn plan_drops(costs: &[ProgramCost], added: &Added, budget_percent: f64) -> 
 pub fn render_drops(drops: &[Dropped], budget_percent: f64) -> String {
     let mut out = format!("over the {budget_percent} % overhead budget; dropped:\n");
     for d in drops {
+        // A step without programs (the waterfall's sampling raised) is named by its target.
+        let what = if d.programs.is_empty() {
+            d.target.clone()
+        } else {
+            d.programs.join("+")
+        };
         out.push_str(&format!(
             "  {:<22} {:>5.1} %  {}\n",
-            d.programs.join("+"),
-            d.percent,
-            d.lost
+            what, d.percent, d.lost
         ));
     }
     out
@@ -489,7 +493,20 @@ mod tests {
             d.iter()
                 .all(|d| !d.programs.contains(&"napi_poll".to_owned()))
         );
+        let mut d = d;
+        d.push(Dropped {
+            programs: Vec::new(),
+            target: "waterfall".into(),
+            lost: "stamps 1 in 4 completion events".into(),
+            percent: 2.0,
+        });
         let text = render_drops(&d, 0.0);
+        assert!(
+            text.lines()
+                .last()
+                .is_some_and(|l| l.trim_start().starts_with("waterfall")),
+            "a sampling step is named by its target: {text}"
+        );
         assert!(
             text.starts_with("over the 0 % overhead budget; dropped:"),
             "{text}"

@@ -56,13 +56,8 @@ pub fn attach(
         }
     }
     // The waterfall lives in the same object: its globals go in before the object is loaded.
-    let prepared = waterfall::prepare_or_explain(
-        args.no_waterfall,
-        args.sample as usize,
-        args.timeline_waterfall_events(),
-        args.stall_after,
-        &mut config,
-    );
+    let prepared =
+        waterfall::prepare_or_explain(args.no_waterfall, args.waterfall_settings(), &mut config);
     // The NVMe target row leaves the admin queue out by `struct nvmet_req`'s queue.
     if defs.iter().any(|d| d.shape == Shape::NvmetIo)
         && kernel.root().join("sys/module/nvmet").exists()

@@ -78,6 +78,8 @@ pub struct RunConfig {
     pub stall_after: std::time::Duration,
     /// Per-event records kept.
     pub sample: u32,
+    /// The handler stamps 1 in this many completion events (1: every one).
+    pub sample_every: u32,
     // The timeline file.
     pub timeline: Option<PathBuf>,
     pub timeline_sample: u32,
@@ -100,6 +102,16 @@ impl RunConfig {
         Detail {
             hist: self.hist,
             costs: crate::verbosity::level() > 0,
+        }
+    }
+
+    /// What the waterfall is asked for.
+    pub fn waterfall_settings(&self) -> crate::waterfall::Settings {
+        crate::waterfall::Settings {
+            sample: self.sample as usize,
+            timeline: self.timeline_waterfall_events(),
+            stall_after: self.stall_after,
+            sample_every: self.sample_every,
         }
     }
 
@@ -148,6 +160,7 @@ pub mod tests {
             no_waterfall: true,
             stall_after: std::time::Duration::from_secs(1),
             sample: 0,
+            sample_every: 1,
             timeline: None,
             timeline_sample: 20,
             timeline_max_events: 100_000,

@@ -387,6 +387,50 @@ fn demo_round_trip_us(demo: &serde_json::Value) -> Option<f64> {
 /// Round trips needed before `--enforce` judges the estimate.
 const ENFORCE_AFTER_ROUND_TRIPS: u64 = 20;
 
+/// `--enforce` raises the waterfall's `--sample-every` by this factor a step, up to
+/// [`ENFORCE_SAMPLE_EVERY_MAX`] (past it, one completion in so many says little more).
+const ENFORCE_SAMPLE_STEP: u32 = 4;
+const ENFORCE_SAMPLE_EVERY_MAX: u32 = 64;
+
+/// One raise of the waterfall's sampling by `--enforce`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct SamplingStep {
+    from: u32,
+    to: u32,
+    /// What it is expected to save over the window: the waterfall programs' BPF run time
+    /// times the share of events no longer stamped (an upper bound: unstamped events still
+    /// run the programs' early parts; the next window measures it).
+    saves_ns: f64,
+}
+
+/// Whether to stamp fewer events rather than drop a program: the next sampling step (from
+/// 1 in `every`), when there is one and it saves at least what the dearest of the probe
+/// table's `droppable` programs costs (`theirs`: the waterfall's programs in `o`).
+fn sampling_step(
+    every: u32,
+    o: &Overhead,
+    theirs: &[String],
+    droppable: &[budget::ProgramCost],
+) -> Option<SamplingStep> {
+    if every >= ENFORCE_SAMPLE_EVERY_MAX {
+        return None;
+    }
+    let to = (every.max(1) * ENFORCE_SAMPLE_STEP).min(ENFORCE_SAMPLE_EVERY_MAX);
+    let body: f64 = o
+        .programs
+        .iter()
+        .filter(|p| theirs.contains(&p.counts.name))
+        .map(|p| p.counts.run_ns as f64)
+        .sum();
+    let saves_ns = body * (1.0 - f64::from(every.max(1)) / f64::from(to));
+    let dearest = droppable.iter().map(|c| c.cost_ns).fold(0.0, f64::max);
+    (saves_ns > 0.0 && saves_ns >= dearest).then_some(SamplingStep {
+        from: every.max(1),
+        to,
+        saves_ns,
+    })
+}
+
 /// Feeds the live view during one mode's run.
 struct RunSource<'a> {
     session: &'a mut Session,
@@ -473,7 +517,7 @@ impl<'a> RunSource<'a> {
         let added = budget::added(&costs, n, rtt_us)?;
         if self.budget.enforce && n >= ENFORCE_AFTER_ROUND_TRIPS {
             // Only the probe table's programs are dropped; the waterfall's stay (it has its
-            // own switch, --no-waterfall).
+            // own switch, --no-waterfall), but it can stamp fewer events.
             let theirs: Vec<String> = self
                 .base
                 .waterfall()
@@ -486,6 +530,30 @@ impl<'a> RunSource<'a> {
                 .filter(|c| !theirs.contains(&c.name))
                 .cloned()
                 .collect();
+            if added.percent > self.budget.percent
+                && let Some(w) = self.base.waterfall()
+                && let Some(step) = sampling_step(w.sample_every(), &o, &theirs, &droppable)
+            {
+                match w.set_sample_every(step.to) {
+                    Ok(()) => {
+                        let pct = 100.0 * step.saves_ns / n as f64 / 1e3 / rtt_us;
+                        self.dropped.push(Dropped {
+                            programs: Vec::new(),
+                            target: "waterfall".to_owned(),
+                            lost: format!(
+                                "stamps 1 in {} completion events, from 1 in {} (every one still counted)",
+                                step.to, step.from
+                            ),
+                            percent: pct,
+                        });
+                        self.stats = None;
+                        self.last =
+                            Some((Instant::now(), round_trips, self.base.stats(self.session).0));
+                        return Some(added);
+                    }
+                    Err(e) => eprintln!("rdma-trace: --enforce: {e:#}"),
+                }
+            }
             let drops = budget::plan_drops(&droppable, &added, self.budget.percent);
             if !drops.is_empty() {
                 let names: Vec<String> = drops
@@ -637,6 +705,63 @@ mod tests {
             driver: None,
             parent_netdev: Some("eth0".to_owned()),
         }
+    }
+
+    /// An overhead with the waterfall's read return costing `wf_ns` of BPF time and one
+    /// probe-table program whose cost (with what its mechanism adds) is `table_ns`.
+    fn sampling_case(
+        wf_ns: u64,
+        table_ns: f64,
+    ) -> (Overhead, Vec<String>, Vec<budget::ProgramCost>) {
+        let prog = |name: &str, run_ns| {
+            crate::model::overhead::ProgramOverhead::new(crate::bpf::stats::ProgramStat {
+                name: name.into(),
+                target: "t".into(),
+                runs: 100,
+                run_ns,
+                recursion_misses: None,
+                kprobe_misses: None,
+            })
+        };
+        let o = Overhead {
+            stats: String::new(),
+            programs: vec![prog("wf_read_return", wf_ns), prog("kentry_3", 1)],
+            bpf_cpu_percent: 0.0,
+            loader_cpu_percent: 0.0,
+            loader_peak_rss_kib: 0,
+            tracing_adds: None,
+            hook_hits: None,
+        };
+        let table = vec![budget::ProgramCost {
+            name: "kentry_3".into(),
+            target: "t".into(),
+            mechanism: "kprobe",
+            runs: 100,
+            cost_ns: table_ns,
+        }];
+        (o, vec!["wf_read_return".to_owned()], table)
+    }
+
+    /// The independent truth: the step is the waterfall's BPF time times the share of events
+    /// that stop being stamped (3/4 from 1 in 1 to 1 in 4), worked out by hand.
+    #[test]
+    fn enforce_stamps_fewer_events_while_that_saves_more_than_a_drop() {
+        let (o, theirs, table) = sampling_case(80_000, 50_000.0);
+        let step = sampling_step(1, &o, &theirs, &table).unwrap();
+        assert_eq!((step.from, step.to), (1, 4));
+        assert!((step.saves_ns - 60_000.0).abs() < 1e-6, "{step:?}");
+        // From 1 in 16 the last step stops at 64 and saves 3/4 again.
+        let step = sampling_step(16, &o, &theirs, &table).unwrap();
+        assert_eq!((step.from, step.to), (16, 64));
+        // From 1 in 32 up to 64 saves half: less than dropping the table's program.
+        assert_eq!(sampling_step(32, &o, &theirs, &table), None);
+        // At the ceiling, only drops are left.
+        assert_eq!(sampling_step(64, &o, &theirs, &table), None);
+        // A table program dearer than the step's saving is dropped first.
+        let (o, theirs, table) = sampling_case(80_000, 70_000.0);
+        assert_eq!(sampling_step(1, &o, &theirs, &table), None);
+        // Without a table program left, any saving is a step.
+        assert!(sampling_step(1, &o, &theirs, &[]).is_some());
     }
 
     #[test]

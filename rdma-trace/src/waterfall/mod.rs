@@ -13,7 +13,12 @@ pub mod selection;
 pub mod stall;
 pub mod topology;
 
-use std::{cell::RefCell, collections::BTreeMap, path::Path, time::Duration};
+use std::{
+    cell::{Cell, RefCell},
+    collections::BTreeMap,
+    path::Path,
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
@@ -255,6 +260,10 @@ pub struct Waterfall {
     retired: RefCell<Retired>,
     /// The possible CPUs the per-CPU maps were sized for.
     ncpus: u32,
+    /// `--sample-every`: the handler stamps 1 in this many of each channel's events
+    /// (`WF_SAMPLE_EVERY`, which `--enforce` raises at run time).
+    sample_every: Cell<u32>,
+    every_map: RefCell<aya::maps::Map>,
 }
 
 /// At most this many exited threads are kept one by one (about 20 KiB each, copied into
@@ -302,7 +311,7 @@ impl Waterfall {
     /// waterfall attached so far is detached again.
     pub fn start(p: Prepared, bpf: &mut Bpf) -> Result<Waterfall> {
         let mut notes = Vec::new();
-        let r = attach_all(bpf.ebpf_mut(), p.cfg.ncpus, &mut notes);
+        let r = attach_all(bpf.ebpf_mut(), p.cfg.ncpus, p.sample_every, &mut notes);
         if let Err(e) = r {
             let attached: Vec<String> = notes
                 .iter()
@@ -321,6 +330,9 @@ impl Waterfall {
         } else {
             None
         };
+        let every_map = ebpf
+            .take_map("WF_SAMPLE_EVERY")
+            .context("map WF_SAMPLE_EVERY is not in the eBPF object")?;
         let mut maps = std::collections::HashMap::new();
         for name in READ_MAPS {
             let m = ebpf
@@ -340,7 +352,23 @@ impl Waterfall {
             stalls: RefCell::new(BTreeMap::new()),
             retired: RefCell::new(Retired::default()),
             ncpus: p.cfg.ncpus,
+            sample_every: Cell::new(p.sample_every),
+            every_map: RefCell::new(every_map),
         })
+    }
+
+    /// The handler stamps 1 in this many of each channel's events (1: every one).
+    pub fn sample_every(&self) -> u32 {
+        self.sample_every.get()
+    }
+
+    /// Stamp 1 in `n` of each channel's events from now on (`--enforce`); every event is
+    /// still counted.
+    pub fn set_sample_every(&self, n: u32) -> Result<()> {
+        let mut m = self.every_map.borrow_mut();
+        set_every(&mut m, n)?;
+        self.sample_every.set(n.max(1));
+        Ok(())
     }
 
     /// Map `name`, one of [`READ_MAPS`].
@@ -775,13 +803,43 @@ pub struct Prepared {
     sample: usize,
     timeline: usize,
     stall_after: Duration,
+    sample_every: u32,
+}
+
+/// What the command line asks of the waterfall.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Keep up to this many per-event records (`--sample`).
+    pub sample: usize,
+    /// With a `--timeline`, how many events it keeps (the first N, the N slowest per stage),
+    /// chosen among every event; 0 without one.
+    pub timeline: usize,
+    /// A read blocked longer is a stall (`--stall-after`).
+    pub stall_after: Duration,
+    /// Stamp 1 in this many of each channel's events (`--sample-every`; 1: every one).
+    pub sample_every: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            sample: 0,
+            timeline: 0,
+            stall_after: Duration::from_secs(1),
+            sample_every: 1,
+        }
+    }
 }
 
 impl Prepared {
-    /// `sample`: keep up to this many per-event records. `timeline`: with a `--timeline`, how
-    /// many events it keeps (the first N, the N slowest per stage), chosen among every event;
-    /// 0 without one. `stall_after`: a read blocked longer is a stall.
-    pub fn new(sample: usize, timeline: usize, stall_after: Duration) -> Result<Prepared> {
+    /// The waterfall's configuration for this kernel and `settings`.
+    pub fn new(settings: Settings) -> Result<Prepared> {
+        let Settings {
+            sample,
+            timeline,
+            stall_after,
+            sample_every,
+        } = settings;
         let root = Path::new("/");
         let off = btf_offsets(root)?;
         let kernel = Kernel::at(root);
@@ -831,6 +889,7 @@ impl Prepared {
             sample,
             timeline,
             stall_after,
+            sample_every: sample_every.max(1),
         })
     }
 
@@ -865,9 +924,22 @@ fn cpu_map_sizes(ncpus: u32) -> [(&'static str, u32); 2] {
     ]
 }
 
-/// Fill the CPU topology table (`ncpus` CPUs) and attach every program of the waterfall in
-/// `ebpf`, noting each in `notes`: an error when a required one fails.
-fn attach_all(ebpf: &mut Ebpf, ncpus: u32, notes: &mut Vec<AttachNote>) -> Result<()> {
+/// `WF_SAMPLE_EVERY` (`m`) set to `n`.
+fn set_every(m: &mut aya::maps::Map, n: u32) -> Result<()> {
+    let mut a: Array<&mut MapData, u32> = Array::try_from(m)?;
+    a.set(0, n.max(1), 0)
+        .map_err(|e| anyhow!("setting WF_SAMPLE_EVERY: {}", chain(&e)))
+}
+
+/// Fill the CPU topology table (`ncpus` CPUs) and the sampling rate (1 in `every`), and attach
+/// every program of the waterfall in `ebpf`, noting each in `notes`: an error when a required
+/// one fails.
+fn attach_all(ebpf: &mut Ebpf, ncpus: u32, every: u32, notes: &mut Vec<AttachNote>) -> Result<()> {
+    set_every(
+        ebpf.map_mut("WF_SAMPLE_EVERY")
+            .context("map WF_SAMPLE_EVERY is not in the eBPF object")?,
+        every,
+    )?;
     {
         let mut table: Array<&mut MapData, WfCpuTopo> = Array::try_from(
             ebpf.map_mut("WF_CPU_TOPO")
@@ -1021,15 +1093,13 @@ pub fn mlx5_completion_irqs(interrupts: &[(u32, String)]) -> Vec<u32> {
 /// object is loaded; `None` with a line saying why not (or when it is `off`).
 pub fn prepare_or_explain(
     off: bool,
-    sample: usize,
-    timeline: usize,
-    stall_after: Duration,
+    settings: Settings,
     config: &mut ObjectConfig,
 ) -> Option<Prepared> {
     if off {
         return None;
     }
-    match Prepared::new(sample, timeline, stall_after) {
+    match Prepared::new(settings) {
         Ok(p) => {
             p.configure(config);
             Some(p)

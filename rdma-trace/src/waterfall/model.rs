@@ -7,7 +7,8 @@ use rdma_trace_common::waterfall::{
     CPU_HANDLER, CPU_READ, CPU_WAITER, CQ_SUMS, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ,
     H_TOTAL, H_WAKE, L_CLAMPED, NR_CLASSES, NR_CPU_KINDS, W_AWAKE, W_AWAKE_ON_CPU_SUM,
     W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS,
-    W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_WOKEN, WF_NHIST, WfCounts, WfCqRow,
+    W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_UNSTAMPED, W_WOKEN, WF_NHIST, WfCounts,
+    WfCqRow,
 };
 use serde::Serialize;
 
@@ -209,7 +210,11 @@ pub struct Placement {
 /// The waterfall of one thread or process.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Waterfall {
+    /// Every event read and matched to its handler call.
     pub events: u64,
+    /// Of them, those stamped (all but with `--sample-every N`): the stages, histograms,
+    /// placement, CPUs and means are over these; `woken` + `awake` = `stamped`.
+    pub stamped: u64,
     pub woken: u64,
     pub awake: u64,
     /// Woken while still on its CPU: no switch-in after the wake-up (T3 = T2).
@@ -258,6 +263,7 @@ fn ratio(a: f64, b: u64) -> Option<f64> {
 impl Waterfall {
     pub fn from_data(t: &ThreadData) -> Waterfall {
         let c = &t.counts;
+        // The means and shares are over the stamped events.
         let events = c.get(W_EVENTS);
         let total_sum = c.get(W_SUM + H_TOTAL);
         let stages: Vec<Stage> = STAGES
@@ -300,7 +306,8 @@ impl Waterfall {
             })
             .collect();
         Waterfall {
-            events,
+            events: events + c.get(W_UNSTAMPED),
+            stamped: events,
             woken: c.get(W_WOKEN),
             awake: c.get(W_AWAKE),
             woken_on_cpu: c.get(W_NO_SWITCH),
@@ -324,6 +331,28 @@ impl Waterfall {
 
     pub fn stage(&self, key: &str) -> Option<&Stage> {
         self.stages.iter().find(|s| s.key == key)
+    }
+
+    /// Every event over the stamped ones (1 without `--sample-every`): a sum over the stamped
+    /// events times this estimates the sum over all of them.
+    pub fn scale(&self) -> f64 {
+        if self.stamped == 0 {
+            1.0
+        } else {
+            self.events as f64 / self.stamped as f64
+        }
+    }
+
+    /// ", of them 250 stamped (--sample-every: …)" when not every event was stamped.
+    fn stamped_note(&self) -> String {
+        if self.stamped == self.events {
+            String::new()
+        } else {
+            format!(
+                " ({} of them stamped, --sample-every: the stages below are over those)",
+                self.stamped
+            )
+        }
     }
 }
 
@@ -405,7 +434,7 @@ impl WaterfallReport {
         // shows only when threads beyond the slots read events in it.
         for t in s.threads.values().filter(|t| {
             if t.tid == 0 {
-                t.counts.get(W_EVENTS) > 0
+                t.counts.get(W_EVENTS) + t.counts.get(W_UNSTAMPED) > 0
             } else {
                 t.counts.counters.iter().any(|&c| c > 0)
             }
@@ -477,8 +506,12 @@ fn pct(v: Option<f64>) -> String {
 /// The waterfall table and the placement table of one process or thread.
 pub fn render(title: &str, w: &Waterfall) -> String {
     let mut out = format!(
-        "{title}: {} events, {} woken in their handler ({} of them still on a CPU), {} found their waiter awake\n",
-        w.events, w.woken, w.woken_on_cpu, w.awake
+        "{title}: {} events{}, {} woken in their handler ({} of them still on a CPU), {} found their waiter awake\n",
+        w.events,
+        w.stamped_note(),
+        w.woken,
+        w.woken_on_cpu,
+        w.awake
     );
     out.push_str(&format!(
         "  {:<32} {:<6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
@@ -719,11 +752,11 @@ pub fn explain(
             human_ns_f(residual.abs())
         ));
     }
+    // Over every event: with --sample-every, the stamped events' sum scaled up.
     let awake: f64 = r
         .processes
         .iter()
-        .filter_map(|p| p.waterfall.stage("awake"))
-        .map(|s| s.sum_ns as f64)
+        .filter_map(|p| Some(p.waterfall.stage("awake")?.sum_ns as f64 * p.waterfall.scale()))
         .sum::<f64>()
         / iterations as f64;
     s.push_str(&format!(
@@ -782,6 +815,45 @@ mod tests {
             hists: hs,
             cpus,
         }
+    }
+
+    /// The independent truth: events built by hand, 4 stamped of 12 read (`--sample-every
+    /// 3`). Every event is counted, the means stay those of the stamped ones, the header says
+    /// so, and the poll/event note scales the awake sum up to every event.
+    #[test]
+    fn unstamped_events_are_counted_but_in_no_stage() {
+        let mut t = thread(
+            1,
+            1,
+            &[(1_000, 2_000, 3_000), (1_000, 2_000, 3_000)],
+            &[4_000, 8_000],
+        );
+        let stamped_only = Waterfall::from_data(&t);
+        t.counts.counters[W_UNSTAMPED as usize] = 8;
+        let w = Waterfall::from_data(&t);
+        assert_eq!((w.events, w.stamped), (12, 4));
+        assert_eq!(w.woken + w.awake, w.stamped);
+        assert_eq!(w.total_mean_ns, stamped_only.total_mean_ns);
+        assert_eq!(w.total_mean_ns, Some(6_000.0));
+        assert_eq!(w.stage("wake").unwrap().per_event_ns, Some(500.0));
+        assert!((w.scale() - 3.0).abs() < 1e-12);
+        let text = render("waterfall", &w);
+        assert!(
+            text.starts_with("waterfall: 12 events (4 of them stamped, --sample-every"),
+            "{text}"
+        );
+        assert!(!render("waterfall", &stamped_only).contains("stamped"));
+        // Awake: 12 µs over 2 stamped events, 36 µs over every event, over 6 round trips.
+        let r = WaterfallReport::from_snapshot(&Snapshot {
+            threads: [(0, t)].into_iter().collect(),
+            cqs: BTreeMap::new(),
+        });
+        assert_eq!(r.processes[0].waterfall.events, 12);
+        let note = explain(10_000.0, 20_000.0, 6, &r);
+        assert!(
+            note.contains("add 6.0us per round trip of handler → read"),
+            "{note}"
+        );
     }
 
     /// A slot's `WF_CPU_EVENTS` entries on a 256-CPU machine, as the eBPF side indexes them

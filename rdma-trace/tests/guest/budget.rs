@@ -245,12 +245,47 @@ fn run_over_a_tight_budget_with_enforce_drops_probes_and_says_which() {
     assert!(!left.is_empty(), "the cheapest program is always kept");
     for d in dropped {
         assert!(!d["lost"].as_str().unwrap().is_empty(), "{d}");
+        let target = d["target"].as_str().unwrap();
+        assert!(stdout.contains(target), "{target} not named in the report");
         for p in d["programs"].as_array().unwrap() {
             let p = p.as_str().unwrap();
             assert!(stdout.contains(p), "{p} not named in the report");
             assert!(!left.contains(&p), "{p} dropped but still attached");
         }
     }
+    // Issue 23 item 5: the waterfall's programs cost the most under TCG, so the first step
+    // stamps fewer of its events rather than drop a row; each such step is named, and every
+    // event is still counted. The independent truth: the demo's own count of the completion
+    // events it read.
+    let steps: Vec<&Value> = dropped
+        .iter()
+        .filter(|d| d["target"] == "waterfall")
+        .collect();
+    assert!(
+        !steps.is_empty(),
+        "the waterfall's sampling was not raised: {dropped:?}"
+    );
+    for d in &steps {
+        assert!(d["programs"].as_array().unwrap().is_empty(), "{d}");
+        assert!(d["lost"].as_str().unwrap().contains("stamps 1 in"), "{d}");
+    }
+    let procs = phase["waterfall"]["processes"]
+        .as_array()
+        .expect("waterfall");
+    let events: u64 = procs.iter().map(|p| p["events"].as_u64().unwrap()).sum();
+    let stamped: u64 = procs.iter().map(|p| p["stamped"].as_u64().unwrap()).sum();
+    let unmatched = phase["losses"]["unmatched_reads"]
+        .as_u64()
+        .expect("unmatched_reads");
+    let cq_events = demo_cq_events(&phase["demo"]);
+    assert!(
+        stamped < events && events + unmatched == cq_events,
+        "{stamped} stamped of {events} events and {unmatched} unmatched reads, the demo read {cq_events}"
+    );
+    assert!(
+        stdout.contains("of them stamped, --sample-every"),
+        "{stdout}"
+    );
     // The demo itself was not disturbed by the drops: its client sent every message.
     let reports = phase["demo"]["reports"].as_array().expect("demo reports");
     let client = find_by(reports, "role", "client").expect("the client's report");

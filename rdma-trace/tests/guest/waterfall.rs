@@ -557,6 +557,71 @@ fn a_mirror_out_of_step_with_the_kernels_queue_is_put_back_and_counted() {
     assert_lost_line_says(&run.stdout, "back in step");
 }
 
+/// Issue 23 item 4: `--sample-every 4` stamps 1 in 4 of each channel's events and counts
+/// every one. The independent truths: the demo's own count of the completion events each side
+/// read (`reports[].cq_events`), and the client's own mean round trip, which bounds a correctly
+/// paired event's T1→T4.
+#[test]
+fn sample_every_n_counts_every_event_and_stamps_one_in_n() {
+    const N: u64 = 4;
+    let run = run_demo(
+        "event",
+        1000,
+        &["--sample-every", &N.to_string()],
+        "sample-every",
+    );
+    run.assert_success("rdma-trace run --sample-every 4");
+    let phase = &run.report["phases"][0];
+    let procs = processes(phase);
+    assert_eq!(procs.len(), 1, "{procs:?}");
+    let p = &procs[0];
+    let reports = phase["demo"]["reports"].as_array().expect("demo reports");
+    let threads = p["threads"].as_array().expect("threads");
+    assert_eq!(threads.len(), 2, "client and server threads: {threads:?}");
+    assert_eq!(
+        u(&phase["losses"]["unmatched_reads"]),
+        0,
+        "{}",
+        phase["losses"]
+    );
+    for t in threads {
+        let who = format!("thread {}", t["tid"]);
+        let role = if t["tid"] == p["pid"] {
+            "client"
+        } else {
+            "server"
+        };
+        let r = find_by(reports, "role", role).expect("the side's report");
+        let (events, stamped) = (u(&t["events"]), u(&t["stamped"]));
+        // Every event counted: the side's own count (a channel's last event may be unread).
+        let cq_events = u(&r["cq_events"]);
+        assert!(
+            events <= cq_events && events + 1 >= cq_events,
+            "{who}: {events} events counted, the {role} read {cq_events}"
+        );
+        // One channel per side, its events numbered from 0: event k is stamped when k % 4 == 0.
+        assert!(
+            stamped.abs_diff(events.div_ceil(N)) <= 1,
+            "{who}: {stamped} of {events} events stamped with --sample-every {N}"
+        );
+        // The stages are over the stamped events only.
+        assert_eq!(u(&t["woken"]) + u(&t["awake"]), stamped, "{who}: {t}");
+        assert_eq!(u(&stage(t, "total")["count"]), stamped, "{who}");
+    }
+    let client = find_by(reports, "role", "client").expect("the client's report");
+    let rtt_ns = client["round_trip_us"]["t_avg"].as_f64().expect("t_avg") * 1000.0;
+    let t1_t4 = p["total_mean_ns"].as_f64().expect("total mean");
+    assert!(
+        t1_t4 > 0.0 && t1_t4 < rtt_ns,
+        "mean T1→T4 {t1_t4} ns of the stamped events is not inside the client's mean round trip {rtt_ns} ns"
+    );
+    assert!(
+        run.stdout.contains("of them stamped, --sample-every"),
+        "the report says the stages are over the stamped events:\n{}",
+        run.stdout
+    );
+}
+
 /// One process with two CQs: the loopback ping-pong's client thread waits on its CQ on rxe1,
 /// its server thread on its own on rxe0. The process's waterfall has one row per CQ. Independent
 /// truths: each side's own count of the CQ events it read (`reports[].cq_events`, with its
