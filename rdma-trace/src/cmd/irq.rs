@@ -152,7 +152,7 @@ struct IrqSource<'a> {
 impl Source for IrqSource<'_> {
     fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
         self.base
-            .sample_now(self.session, "IRQs and softirqs".to_owned(), elapsed)
+            .sample_now(self.session, "IRQs and softirqs".to_owned(), elapsed, false)
     }
 
     fn reset(&mut self) -> Result<()> {

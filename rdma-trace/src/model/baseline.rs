@@ -17,8 +17,14 @@ use crate::{
     model::overhead::{LoaderUsage, Overhead},
     model::report::{ProbeReport, probe_reports},
     model::sample::{Progress, Sample},
-    waterfall::{self, Waterfall},
+    waterfall::{self, Waterfall, WaterfallView},
 };
+
+/// How old the waterfall of a quick sample ([`Baseline::sample`] with `quick`) may be: read
+/// again about once a second (every fourth refresh at 4 Hz). Reading it (its slots' per-CPU
+/// counters and histograms, the stall check's maps) is most of a refresh's syscalls, and its
+/// percentiles move slowly.
+pub const WATERFALL_EVERY: Duration = Duration::from_millis(900);
 
 /// Everything counted up to one moment.
 struct Mark {
@@ -36,6 +42,8 @@ pub struct Baseline<'a> {
     view: Mark,
     /// The waterfall and the live view's baseline of it.
     wf: Option<(&'a Waterfall, waterfall::Snapshot)>,
+    /// The waterfall's last view.
+    wf_view: Kept<WaterfallView>,
 }
 
 impl<'a> Baseline<'a> {
@@ -65,6 +73,7 @@ impl<'a> Baseline<'a> {
                 at,
             },
             wf,
+            wf_view: Kept::default(),
         })
     }
 
@@ -77,6 +86,7 @@ impl<'a> Baseline<'a> {
         if let Some((w, base)) = &mut self.wf {
             *base = w.snapshot()?;
         }
+        self.wf_view.clear();
         Ok(())
     }
 
@@ -120,12 +130,14 @@ impl<'a> Baseline<'a> {
         )
     }
 
-    /// The live view's sample since its mark, as it is now (`label`: what runs).
+    /// The live view's sample since its mark, as it is now (`label`: what runs; `quick`: as
+    /// in [`Baseline::sample`]).
     pub fn sample_now(
-        &self,
+        &mut self,
         session: &Session,
         label: String,
         elapsed: Duration,
+        quick: bool,
     ) -> Result<Sample> {
         let now = session.snapshot()?;
         let (stats, how) = self.stats(session);
@@ -134,17 +146,19 @@ impl<'a> Baseline<'a> {
             elapsed,
             ..Progress::default()
         };
-        self.sample(session, &now, (&stats, how), progress)
+        self.sample(session, &now, (&stats, how), progress, quick)
     }
 
     /// The live view's sample since its mark, from the probes' data `now` and the programs'
-    /// statistics `stats` (read once per refresh by the caller, who may use them too).
+    /// statistics `stats` (read once per refresh by the caller, who may use them too). `quick`:
+    /// the waterfall may be the last one read, when that is less than [`WATERFALL_EVERY`] old.
     pub fn sample(
-        &self,
+        &mut self,
         session: &Session,
         now: &HashMap<u32, ProbeData>,
         (stats, how): (&[ProgramStat], &str),
         progress: Progress,
+        quick: bool,
     ) -> Result<Sample> {
         let probes: Vec<ProbeReport> = probe_reports(
             session,
@@ -161,8 +175,59 @@ impl<'a> Baseline<'a> {
                 LoaderUsage::now(),
             )),
             progress,
-            waterfall: self.wf.as_ref().map(|(w, b)| w.view(b)).transpose()?,
+            waterfall: self.waterfall_view(quick)?,
         })
+    }
+
+    /// The waterfall since the view's mark: read now, or (`quick`) the last view while it is
+    /// less than [`WATERFALL_EVERY`] old.
+    fn waterfall_view(&mut self, quick: bool) -> Result<Option<WaterfallView>> {
+        let Some((w, base)) = &self.wf else {
+            return Ok(None);
+        };
+        let max_age = if quick {
+            WATERFALL_EVERY
+        } else {
+            Duration::ZERO
+        };
+        self.wf_view
+            .get(Instant::now(), max_age, || w.view(base))
+            .map(Some)
+    }
+}
+
+/// A value read now and then: kept while it is younger than what its reader accepts.
+struct Kept<T> {
+    last: Option<(Instant, T)>,
+}
+
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Self { last: None }
+    }
+}
+
+impl<T: Clone> Kept<T> {
+    /// The kept value if it is less than `max_age` old at `now`, else `read()` (kept from now).
+    fn get(
+        &mut self,
+        now: Instant,
+        max_age: Duration,
+        read: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        if let Some((at, v)) = &self.last
+            && now.saturating_duration_since(*at) < max_age
+        {
+            return Ok(v.clone());
+        }
+        let v = read()?;
+        self.last = Some((now, v.clone()));
+        Ok(v)
+    }
+
+    /// The next `get` reads.
+    fn clear(&mut self) {
+        self.last = None;
     }
 }
 
@@ -185,4 +250,34 @@ pub fn delta(
             (*id, d)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_value_is_read_again_once_it_is_too_old_or_cleared() {
+        let mut k = Kept::default();
+        let mut reads = 0;
+        let t0 = Instant::now();
+        let mut get = |k: &mut Kept<u32>, ms: u64, max_age: Duration| {
+            k.get(t0 + Duration::from_millis(ms), max_age, || {
+                reads += 1;
+                Ok(reads)
+            })
+            .unwrap()
+        };
+        // A 4 Hz screen: read at 0 ms, kept at 250, 500 and 750, read again at 1000.
+        assert_eq!(get(&mut k, 0, WATERFALL_EVERY), 1);
+        assert_eq!(get(&mut k, 250, WATERFALL_EVERY), 1);
+        assert_eq!(get(&mut k, 750, WATERFALL_EVERY), 1);
+        assert_eq!(get(&mut k, 1000, WATERFALL_EVERY), 2);
+        // A reader that takes no old value (the text view, the last refresh) reads each time.
+        assert_eq!(get(&mut k, 1001, Duration::ZERO), 3);
+        // After a reset the next one reads.
+        k.clear();
+        assert_eq!(get(&mut k, 1002, WATERFALL_EVERY), 4);
+        assert_eq!(get(&mut k, 1003, WATERFALL_EVERY), 4);
+    }
 }

@@ -46,6 +46,11 @@ pub struct Sample {
 pub trait Source {
     /// Data since the last reset, `elapsed` into the window.
     fn sample(&mut self, elapsed: Duration) -> Result<Sample>;
+    /// [`Source::sample`] for a refresh of the screen: what is dear to read and moves slowly
+    /// (the waterfall) may be the last one read, up to about a second old.
+    fn sample_quick(&mut self, elapsed: Duration) -> Result<Sample> {
+        self.sample(elapsed)
+    }
     /// Start counting from now (key `r`).
     fn reset(&mut self) -> Result<()>;
     /// Checked after each refresh: `Some(why)` ends the window (e.g. every traced process

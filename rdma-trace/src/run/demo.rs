@@ -599,6 +599,23 @@ const CQES_PER_ITERATION: u64 = 4;
 
 impl Source for RunSource<'_> {
     fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
+        self.sample_with(elapsed, false)
+    }
+
+    fn sample_quick(&mut self, elapsed: Duration) -> Result<Sample> {
+        self.sample_with(elapsed, true)
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        self.stats = None;
+        self.added = None;
+        self.base.reset(self.session)
+    }
+}
+
+impl RunSource<'_> {
+    /// A sample; `quick`: as in [`Baseline::sample`].
+    fn sample_with(&mut self, elapsed: Duration, quick: bool) -> Result<Sample> {
         let now = self.session.snapshot()?;
         let phase = delta(&now, self.base.phase_data());
         // One read of the program statistics a second at most, for the estimate and the footer.
@@ -611,7 +628,7 @@ impl Source for RunSource<'_> {
         };
         let mut sample = self
             .base
-            .sample(self.session, &now, (&stats, &how), progress)?;
+            .sample(self.session, &now, (&stats, &how), progress, quick)?;
         // The estimate pairs the statistics with the round trips counted when they were read.
         if fresh {
             self.added = self.estimate(&phase, &stats, &how);
@@ -630,12 +647,6 @@ impl Source for RunSource<'_> {
             cq_posts.map(|c| (c / CQES_PER_ITERATION).min(u64::from(self.iterations)));
         sample.progress.done_from = cq_posts.map(|_| "rxe_cq_post / 4");
         Ok(sample)
-    }
-
-    fn reset(&mut self) -> Result<()> {
-        self.stats = None;
-        self.added = None;
-        self.base.reset(self.session)
     }
 }
 

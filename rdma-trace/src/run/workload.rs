@@ -426,7 +426,12 @@ struct WorkloadSource<'a> {
 impl Source for WorkloadSource<'_> {
     fn sample(&mut self, elapsed: Duration) -> Result<Sample> {
         self.base
-            .sample_now(self.session, self.label.clone(), elapsed)
+            .sample_now(self.session, self.label.clone(), elapsed, false)
+    }
+
+    fn sample_quick(&mut self, elapsed: Duration) -> Result<Sample> {
+        self.base
+            .sample_now(self.session, self.label.clone(), elapsed, true)
     }
 
     fn reset(&mut self) -> Result<()> {

@@ -124,7 +124,12 @@ impl Live {
             match waiter.next(key).await? {
                 Wake::End(end) => break end,
                 Wake::Tick => {
-                    let s = src.sample(waiter.elapsed())?;
+                    // The screen refreshes 4 times a second: its waterfall, about once.
+                    let s = if self.is_screen() {
+                        src.sample_quick(waiter.elapsed())?
+                    } else {
+                        src.sample(waiter.elapsed())?
+                    };
                     self.app.update(s);
                     self.render()?;
                     // As BCC's tools do, each text block counts its own interval: the next one
@@ -443,6 +448,9 @@ mod tests {
             let mut s = sample(&[("n", self.0, false)]);
             s.progress.elapsed = elapsed;
             Ok(s)
+        }
+        fn sample_quick(&mut self, _: Duration) -> Result<Sample> {
+            panic!("only a screen's refreshes may keep the waterfall of an earlier one");
         }
         fn reset(&mut self) -> Result<()> {
             self.1 += 1;
