@@ -57,6 +57,21 @@ pub fn draw(f: &mut Frame, app: &App) {
         );
         Rows::new(stall).line(buf, &Line::from(b));
     }
+    let [list, heat, pane, wf] = body_areas(body, app);
+    draw_table(buf, list, app);
+    if heat.height >= 4 {
+        draw_heat(buf, heat, app);
+    }
+    draw_pane(buf, pane, app);
+    if let Some(w) = &app.waterfall {
+        draw_waterfall(buf, wf, w);
+    }
+    draw_footer(buf, footer, app);
+}
+
+/// The body's areas: the probe table, the heat map under it, the selected probe's pane, and
+/// under that the waterfall's (empty without a waterfall).
+fn body_areas(body: Rect, app: &App) -> [Rect; 4] {
     let [left, right] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(body);
     // The table takes what its rows need (the attached probes, and one line for the skipped
@@ -68,20 +83,27 @@ pub fn draw(f: &mut Frame, app: &App) {
         Constraint::Min(HEAT_MIN),
     ])
     .areas(left);
-    draw_table(buf, list, app);
-    if heat.height >= 4 {
-        draw_heat(buf, heat, app);
-    }
-    match &app.waterfall {
-        Some(w) => {
-            let [pane, wf] =
-                Layout::vertical([Constraint::Min(6), Constraint::Length(8)]).areas(right);
-            draw_pane(buf, pane, app);
-            draw_waterfall(buf, wf, w);
-        }
-        None => draw_pane(buf, right, app),
-    }
-    draw_footer(buf, footer, app);
+    let [pane, wf] = match app.waterfall {
+        Some(_) => Layout::vertical([Constraint::Min(6), Constraint::Length(8)]).areas(right),
+        None => [right, Rect::default()],
+    };
+    [list, heat, pane, wf]
+}
+
+/// The heat map's title for probe `name`.
+fn heat_title(name: &str) -> String {
+    format!(" {name} over time (rows: ≥ bucket; ░▒▓█ few → many; a column a second) ")
+}
+
+/// "no events yet" at the top left of `inner`.
+fn no_events_yet(buf: &mut Buffer, inner: Rect) {
+    buf.set_stringn(
+        inner.x,
+        inner.y,
+        "no events yet",
+        inner.width as usize,
+        Style::default(),
+    );
 }
 
 /// Lines written top to bottom into an area, each cut at the area's right edge (a `Paragraph`
@@ -446,22 +468,9 @@ fn draw_heat(buf: &mut Buffer, area: Rect, app: &App) {
     let (Some(r), Some(heat)) = (app.selected_probe(), app.selected_heat()) else {
         return;
     };
-    let inner = bordered(
-        buf,
-        area,
-        Some(format!(
-            " {} over time (rows: ≥ bucket; ░▒▓█ few → many; a column a second) ",
-            r.name
-        )),
-    );
+    let inner = bordered(buf, area, Some(heat_title(&r.name)));
     let Some(rows) = heat_rows(heat, r.unit, inner.width as usize, inner.height as usize) else {
-        buf.set_stringn(
-            inner.x,
-            inner.y,
-            "no events yet",
-            inner.width as usize,
-            Style::default(),
-        );
+        no_events_yet(buf, inner);
         return;
     };
     for (row, y) in rows.iter().zip(inner.y..inner.bottom()) {
@@ -552,6 +561,17 @@ fn draw_waterfall(buf: &mut Buffer, area: Rect, w: &WaterfallView) {
 }
 
 fn draw_footer(buf: &mut Buffer, area: Rect, app: &App) {
+    let (overhead, keys) = footer_text(app);
+    let mut rows = Rows::new(area);
+    rows.line(buf, &Line::from(overhead));
+    rows.line(
+        buf,
+        &Line::styled(keys, Style::default().add_modifier(Modifier::BOLD)),
+    );
+}
+
+/// The footer's two lines: what tracing costs, and the keys (or the status).
+fn footer_text(app: &App) -> (String, String) {
     let overhead = match &app.overhead {
         Some(o) => {
             let worst = o
@@ -577,14 +597,9 @@ fn draw_footer(buf: &mut Buffer, area: Rect, app: &App) {
     };
     let keys = app
         .status
-        .as_deref()
-        .unwrap_or("q quit  Tab/↑↓ select  p pause  r reset");
-    let mut rows = Rows::new(area);
-    rows.line(buf, &Line::from(overhead));
-    rows.line(
-        buf,
-        &Line::styled(keys, Style::default().add_modifier(Modifier::BOLD)),
-    );
+        .clone()
+        .unwrap_or_else(|| "q quit  Tab/↑↓ select  p pause  r reset".to_owned());
+    (overhead, keys)
 }
 
 /// The drawing as it was through ratatui's `Table` and `Paragraph`: what the direct drawing must
@@ -599,7 +614,7 @@ mod widgets {
         widgets::{Block, Paragraph, Row, Table, TableState},
     };
 
-    use super::{HEAT_MIN, SHADES, heat_rows, histogram_lines, value, waterfall_lines};
+    use super::{SHADES, heat_rows, histogram_lines, value, waterfall_lines};
     use crate::views::tui::app::App;
     use crate::waterfall::WaterfallView;
 
@@ -624,30 +639,14 @@ mod widgets {
                 stall,
             );
         }
-        let [left, right] =
-            Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)])
-                .areas(body);
-        // The table takes what its rows need (the attached probes, and one line for the skipped
-        // ones); the heat map the space under it, at least HEAT_MIN rows (the table scrolls then).
-        let attached = app.selectable().len();
-        let skipped_line = u16::from(attached < app.probes.len());
-        let [list, heat] = Layout::vertical([
-            Constraint::Max(attached as u16 + skipped_line + 3),
-            Constraint::Min(HEAT_MIN),
-        ])
-        .areas(left);
+        let [list, heat, pane, wf] = super::body_areas(body, app);
         draw_table(f, list, app);
         if heat.height >= 4 {
             draw_heat(f, heat, app);
         }
-        match &app.waterfall {
-            Some(w) => {
-                let [pane, wf] =
-                    Layout::vertical([Constraint::Min(6), Constraint::Length(8)]).areas(right);
-                draw_pane(f, pane, app);
-                draw_waterfall(f, wf, w);
-            }
-            None => draw_pane(f, right, app),
+        draw_pane(f, pane, app);
+        if let Some(w) = &app.waterfall {
+            draw_waterfall(f, wf, w);
         }
         draw_footer(f, footer, app);
     }
@@ -741,22 +740,13 @@ mod widgets {
         let (Some(r), Some(heat)) = (app.selected_probe(), app.selected_heat()) else {
             return;
         };
-        let block = Block::bordered().title(format!(
-            " {} over time (rows: ≥ bucket; ░▒▓█ few → many; a column a second) ",
-            r.name
-        ));
+        let block = Block::bordered().title(super::heat_title(&r.name));
         let inner = block.inner(area);
         f.render_widget(block, area);
         let buf = f.buffer_mut();
         let Some(rows) = heat_rows(heat, r.unit, inner.width as usize, inner.height as usize)
         else {
-            buf.set_stringn(
-                inner.x,
-                inner.y,
-                "no events yet",
-                inner.width as usize,
-                Style::default(),
-            );
+            super::no_events_yet(buf, inner);
             return;
         };
         for (row, y) in rows.iter().zip(inner.y..inner.bottom()) {
@@ -787,33 +777,7 @@ mod widgets {
     }
 
     fn draw_footer(f: &mut Frame, area: Rect, app: &App) {
-        let overhead = match &app.overhead {
-            Some(o) => {
-                let worst = o
-                    .programs
-                    .iter()
-                    .filter_map(|p| p.ns_per_run.map(|n| (n, p)))
-                    .max_by(|a, b| a.0.total_cmp(&b.0));
-                format!(
-                    "overhead: eBPF {:.2} % CPU, {} programs{}; loader {:.1} % CPU, RSS {} KiB",
-                    o.bpf_cpu_percent,
-                    o.programs.len(),
-                    worst
-                        .map(|(n, p)| format!(" (max {n:.0} ns/run: {})", p.counts.target))
-                        .unwrap_or_default(),
-                    o.loader_cpu_percent,
-                    o.loader_peak_rss_kib
-                ) + &o
-                    .tracing_adds
-                    .map(|a| format!("; {}", a.render()))
-                    .unwrap_or_default()
-            }
-            None => "overhead: -".to_owned(),
-        };
-        let keys = app
-            .status
-            .clone()
-            .unwrap_or_else(|| "q quit  Tab/↑↓ select  p pause  r reset".to_owned());
+        let (overhead, keys) = super::footer_text(app);
         f.render_widget(
             Paragraph::new(vec![
                 Line::from(overhead),
