@@ -127,9 +127,6 @@ pub fn plan_drops(costs: &[ProgramCost], added: &Added, budget_percent: f64) -> 
     if added.percent <= budget_percent || added.us_per_round_trip <= 0.0 {
         return Vec::new();
     }
-    let per_round_trip_pct = |ns: f64| {
-        100.0 * ns / added.round_trips as f64 / 1e3 / added.round_trip_us.max(f64::MIN_POSITIVE)
-    };
     let mut order: Vec<&ProgramCost> = costs.iter().collect();
     order.sort_by(|a, b| b.cost_ns.total_cmp(&a.cost_ns));
     let cheapest = order.last().map(|c| c.name.clone());
@@ -159,7 +156,7 @@ pub fn plan_drops(costs: &[ProgramCost], added: &Added, budget_percent: f64) -> 
         } else {
             format!("{}: everything it feeds", c.target)
         };
-        let pct = per_round_trip_pct(ns);
+        let pct = percent_of_round_trip(added, ns);
         percent -= pct;
         gone.extend(programs.iter().cloned());
         drops.push(Dropped {
@@ -170,6 +167,11 @@ pub fn plan_drops(costs: &[ProgramCost], added: &Added, budget_percent: f64) -> 
         });
     }
     drops
+}
+
+/// What `ns` of cost over `added`'s window is, per round trip, in % of its round trip.
+pub fn percent_of_round_trip(added: &Added, ns: f64) -> f64 {
+    100.0 * ns / added.round_trips as f64 / 1e3 / added.round_trip_us.max(f64::MIN_POSITIVE)
 }
 
 /// The lines the report and the live view print about the budget.

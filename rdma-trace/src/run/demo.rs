@@ -536,7 +536,6 @@ impl<'a> RunSource<'a> {
             {
                 match w.set_sample_every(step.to) {
                     Ok(()) => {
-                        let pct = 100.0 * step.saves_ns / n as f64 / 1e3 / rtt_us;
                         self.dropped.push(Dropped {
                             programs: Vec::new(),
                             target: "waterfall".to_owned(),
@@ -544,11 +543,9 @@ impl<'a> RunSource<'a> {
                                 "stamps 1 in {} completion events, from 1 in {} (every one still counted)",
                                 step.to, step.from
                             ),
-                            percent: pct,
+                            percent: budget::percent_of_round_trip(&added, step.saves_ns),
                         });
-                        self.stats = None;
-                        self.last =
-                            Some((Instant::now(), round_trips, self.base.stats(self.session).0));
+                        self.restart_window(round_trips);
                         return Some(added);
                     }
                     Err(e) => eprintln!("rdma-trace: --enforce: {e:#}"),
@@ -562,12 +559,16 @@ impl<'a> RunSource<'a> {
                     .collect();
                 self.session.drop_programs(&names);
                 self.dropped.extend(drops);
-                self.stats = None;
-                // The next window starts after the drop.
-                self.last = Some((Instant::now(), round_trips, self.base.stats(self.session).0));
+                self.restart_window(round_trips);
             }
         }
         Some(added)
+    }
+
+    /// After an --enforce step (at `round_trips`), the next estimate's window starts now.
+    fn restart_window(&mut self, round_trips: u64) {
+        self.stats = None;
+        self.last = Some((Instant::now(), round_trips, self.base.stats(self.session).0));
     }
 }
 

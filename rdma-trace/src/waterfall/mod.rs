@@ -263,7 +263,6 @@ pub struct Waterfall {
     /// `--sample-every`: the handler stamps 1 in this many of each channel's events
     /// (`WF_SAMPLE_EVERY`, which `--enforce` raises at run time).
     sample_every: Cell<u32>,
-    every_map: RefCell<aya::maps::Map>,
 }
 
 /// At most this many exited threads are kept one by one (about 20 KiB each, copied into
@@ -330,9 +329,6 @@ impl Waterfall {
         } else {
             None
         };
-        let every_map = ebpf
-            .take_map("WF_SAMPLE_EVERY")
-            .context("map WF_SAMPLE_EVERY is not in the eBPF object")?;
         let mut maps = std::collections::HashMap::new();
         for name in READ_MAPS {
             let m = ebpf
@@ -353,7 +349,6 @@ impl Waterfall {
             retired: RefCell::new(Retired::default()),
             ncpus: p.cfg.ncpus,
             sample_every: Cell::new(p.sample_every),
-            every_map: RefCell::new(every_map),
         })
     }
 
@@ -365,8 +360,7 @@ impl Waterfall {
     /// Stamp 1 in `n` of each channel's events from now on (`--enforce`); every event is
     /// still counted.
     pub fn set_sample_every(&self, n: u32) -> Result<()> {
-        let mut m = self.every_map.borrow_mut();
-        set_every(&mut m, n)?;
+        set_every(&mut self.map_copy("WF_SAMPLE_EVERY")?, n)?;
         self.sample_every.set(n.max(1));
         Ok(())
     }
@@ -763,8 +757,8 @@ impl Waterfall {
     }
 }
 
-/// The maps the waterfall reads once attached, taken out of the object.
-const READ_MAPS: [&str; 10] = [
+/// The maps the waterfall reads (or, `WF_SAMPLE_EVERY`, writes) once attached, taken out of the object.
+const READ_MAPS: [&str; 11] = [
     "WF_COUNTS",
     "WF_CPU_EVENTS",
     "WF_HIST",
@@ -775,6 +769,7 @@ const READ_MAPS: [&str; 10] = [
     "WF_QUEUES",
     "WF_CQ",
     "WF_WAKE",
+    "WF_SAMPLE_EVERY",
 ];
 
 /// The hooks whose probe-table rows the waterfall's programs time as well (see

@@ -264,7 +264,7 @@ impl Waterfall {
     pub fn from_data(t: &ThreadData) -> Waterfall {
         let c = &t.counts;
         // The means and shares are over the stamped events.
-        let events = c.get(W_EVENTS);
+        let stamped = c.get(W_EVENTS);
         let total_sum = c.get(W_SUM + H_TOTAL);
         let stages: Vec<Stage> = STAGES
             .iter()
@@ -279,7 +279,7 @@ impl Waterfall {
                     count,
                     sum_ns: sum,
                     mean_ns: ratio(sum as f64, count),
-                    per_event_ns: ratio(sum as f64, events),
+                    per_event_ns: ratio(sum as f64, stamped),
                     share: ratio(sum as f64, total_sum),
                     p50_ns: hist.quantile(0.5),
                     p90_ns: hist.quantile(0.9),
@@ -306,8 +306,8 @@ impl Waterfall {
             })
             .collect();
         Waterfall {
-            events: events + c.get(W_UNSTAMPED),
-            stamped: events,
+            events: stamped + c.get(W_UNSTAMPED),
+            stamped,
             woken: c.get(W_WOKEN),
             awake: c.get(W_AWAKE),
             woken_on_cpu: c.get(W_NO_SWITCH),
@@ -320,8 +320,8 @@ impl Waterfall {
             awake_split_short: c.get(W_AWAKE_SPLIT_SHORT),
             awake_on_cpu_sum_ns: c.get(W_AWAKE_ON_CPU_SUM),
             stages,
-            stages_per_event_ns: ratio(partition as f64, events),
-            total_mean_ns: ratio(total_sum as f64, events),
+            stages_per_event_ns: ratio(partition as f64, stamped),
+            total_mean_ns: ratio(total_sum as f64, stamped),
             placement,
             handler_cpus: t.cpus.0[CPU_HANDLER as usize].clone(),
             waiter_cpus: t.cpus.0[CPU_WAITER as usize].clone(),
@@ -343,7 +343,7 @@ impl Waterfall {
         }
     }
 
-    /// ", of them 250 stamped (--sample-every: …)" when not every event was stamped.
+    /// " (250 of them stamped, --sample-every: …)" when not every event was stamped.
     fn stamped_note(&self) -> String {
         if self.stamped == self.events {
             String::new()

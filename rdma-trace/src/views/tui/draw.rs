@@ -482,11 +482,16 @@ fn draw_heat(buf: &mut Buffer, area: Rect, app: &App) {
             inner.width as usize,
             Style::default(),
         );
-        for (&shade, x) in row.shades.iter().zip(x..inner.right()) {
-            if shade > 0 {
-                let (ch, color) = SHADES[usize::from(shade) - 1];
-                buf[(x, y)].set_symbol(ch).set_fg(color);
-            }
+        shade_cells(buf, row, x..inner.right(), y);
+    }
+}
+
+/// Heat map row `row`'s shades into the cells `xs` of line `y` (after its label).
+fn shade_cells(buf: &mut Buffer, row: &HeatRow, xs: std::ops::Range<u16>, y: u16) {
+    for (&shade, x) in row.shades.iter().zip(xs) {
+        if shade > 0 {
+            let (ch, color) = SHADES[usize::from(shade) - 1];
+            buf[(x, y)].set_symbol(ch).set_fg(color);
         }
     }
 }
@@ -614,7 +619,7 @@ mod widgets {
         widgets::{Block, Paragraph, Row, Table, TableState},
     };
 
-    use super::{SHADES, heat_rows, histogram_lines, value, waterfall_lines};
+    use super::{heat_rows, histogram_lines, value, waterfall_lines};
     use crate::views::tui::app::App;
     use crate::waterfall::WaterfallView;
 
@@ -757,12 +762,7 @@ mod widgets {
                 inner.width as usize,
                 Style::default(),
             );
-            for (&shade, x) in row.shades.iter().zip(x..inner.right()) {
-                if shade > 0 {
-                    let (ch, color) = SHADES[usize::from(shade) - 1];
-                    buf[(x, y)].set_symbol(ch).set_fg(color);
-                }
-            }
+            super::shade_cells(buf, row, x..inner.right(), y);
         }
     }
 
