@@ -382,7 +382,9 @@ wait
 /// Each exited thread's slot is freed at the loader's next refresh (1 s), so every thread gets
 /// a slot of its own: no thread is mixed into pid 0, and each demo process's waterfall counts
 /// the CQ events that demo took (its own JSON, the independent truth). Without the freeing,
-/// the last 3 threads would share the last slot.
+/// the last 3 threads would share the last slot. The script waits half a second after each
+/// demo: a warm guest runs a 40-iteration demo in about 80 ms, so 17 of them fitted between two
+/// refreshes, and no slot could be freed in time (seen on 6.12 right after another test).
 #[test]
 fn reader_threads_that_exit_free_their_slots_for_the_next_ones() {
     const DEMOS: usize = 17;
@@ -394,6 +396,7 @@ fn reader_threads_that_exit_free_their_slots_for_the_next_ones() {
 i=0
 while [ $i -lt {DEMOS} ]; do
   sh -c 'echo $$ > "$0.pid"; exec rdma-demo pingpong --loopback --port 0 -d rxe1 --server-device rxe0 --mode event -n 40 --json "$0" > /dev/null' "$1/demo-$i.json"
+  sleep 0.5
   i=$((i + 1))
 done
 "#
