@@ -99,7 +99,11 @@ pub const W_AWAKE_ON_CPU_SUM: u32 = W_AWAKE_SPLIT_SHORT + 1;
 /// N` stamps 1 in N of each channel's events): counted, in no stage, histogram or class.
 /// Every event the waterfall covers is `W_EVENTS + W_UNSTAMPED`.
 pub const W_UNSTAMPED: u32 = W_AWAKE_ON_CPU_SUM + 1;
-pub const NR_WCOUNTERS: u32 = W_UNSTAMPED + 1;
+/// Counter: sum in ns of the part of already-awake events' T1→T4 that came before their
+/// reader's periods were kept (its record is made at its first arm, on rxe, or else at its
+/// first read): neither runnable, on a CPU nor asleep is known there.
+pub const W_AWAKE_UNKEPT_SUM: u32 = W_UNSTAMPED + 1;
+pub const NR_WCOUNTERS: u32 = W_AWAKE_UNKEPT_SUM + 1;
 
 /// In a queue slot's `cpu` (`WfQueue::cpu`): the handler call did not stamp this event
 /// (`--sample-every`): its wake-up is not kept and its read only counts it ([`W_UNSTAMPED`]).
@@ -305,7 +309,9 @@ impl WfThread {
 }
 
 /// One completion event, as sampled (`--sample N`). Times in ns of CLOCK_MONOTONIC; T2 = T3 = 0
-/// for events whose reader was awake; T0 = 0 without a driver stamp.
+/// for events whose reader was awake; T0 = 0 without a driver stamp. For those events,
+/// `awake_runnable`, `awake_on_cpu` and `awake_unkept` split T1→T4 as the waterfall's sums do
+/// (0 for woken events).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WfSample {
@@ -324,6 +330,12 @@ pub struct WfSample {
     /// SF_* bits.
     pub flags: u32,
     pub class: u32,
+    /// Of an already-awake event's T1→T4, the reader's kept periods runnable off a CPU and
+    /// on a CPU (ns).
+    pub awake_runnable: u64,
+    pub awake_on_cpu: u64,
+    /// Of it, the part before the reader's periods were kept ([`W_AWAKE_UNKEPT_SUM`]).
+    pub awake_unkept: u64,
 }
 
 /// Sample flag: the reader was woken inside the event's handler.
@@ -430,7 +442,7 @@ pub struct WfWake {
 /// Runnable periods a reader thread's record keeps (see [`WfRunnable`]).
 pub const WF_RUNNABLE_LEN: u32 = 32;
 
-/// Per reader thread (from its first read): its last [`WF_RUNNABLE_LEN`] periods on a CPU, and
+/// Per reader thread (from its first arm, on rxe, or else its first read): its last [`WF_RUNNABLE_LEN`] periods on a CPU, and
 /// as many runnable but
 /// off a CPU (from a wake-up, or a switch-out while runnable, to the switch-in), for the part of an already-awake
 /// event's T1→T4 spent waiting for a CPU. A reader preempted more often than that within one
@@ -438,6 +450,8 @@ pub const WF_RUNNABLE_LEN: u32 = 32;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WfRunnable {
+    /// When this record was made (ns): no period before it is kept.
+    pub kept_since: u64,
     /// Woken or switched out while runnable at this time (ns), not switched in since; 0: on a
     /// CPU or asleep.
     pub since: u64,
@@ -613,13 +627,13 @@ mod tests {
             core::mem::size_of::<WfCounts>(),
             8 * (NR_WCOUNTERS + NR_CLASSES + NR_LOSSES) as usize
         );
-        assert_eq!(core::mem::size_of::<WfSample>(), 5 * 8 + 8 * 4);
+        assert_eq!(core::mem::size_of::<WfSample>(), 8 * 8 + 8 * 4);
         assert_eq!(core::mem::size_of::<WfConfig>(), 88);
         assert_eq!(core::mem::size_of::<WfCqKey>(), 16);
         assert_eq!(core::mem::size_of::<WfCqRow>(), 24 + 8 * (4 + CQ_SUMS));
         assert_eq!(
             core::mem::size_of::<WfRunnable>(),
-            8 * (4 + 4 * WF_RUNNABLE_LEN as usize)
+            8 * (5 + 4 * WF_RUNNABLE_LEN as usize)
         );
         assert_eq!(core::mem::size_of::<WfCq>(), 56);
         assert_eq!(

@@ -44,10 +44,10 @@ use rdma_trace_common::{
         L_NO_QUEUE, L_NO_SLOT, L_READ_NOT_STORED, L_RETURN_MISSED, L_SAMPLES, L_SLOT_NOT_STORED,
         L_SLOT_REFOUND, L_WAKE_NOT_STORED, NR_CLASSES, SF_CLAMPED, SF_NO_SWITCH, SF_WOKEN,
         SLOT_UNSTAMPED, W_AWAKE, W_AWAKE_ON_CPU_SUM, W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT,
-        W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED,
-        W_UNSTAMPED, W_WOKEN, WF_CQ_ROWS, WF_NHIST, WF_QUEUE_LEN, WF_RUNNABLE_LEN, WF_THREADS,
-        WfConfig, WfCounts, WfCpuTopo, WfCq, WfCqKey, WfCqRow, WfHist, WfQueue as Queue,
-        WfReading as Reading, WfRunnable, WfSample, WfThread, WfWake as Wake,
+        W_AWAKE_UNKEPT_SUM, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS, W_NO_DRIVER, W_NO_SWITCH,
+        W_SUM, W_UNMATCHED, W_UNSTAMPED, W_WOKEN, WF_CQ_ROWS, WF_NHIST, WF_QUEUE_LEN,
+        WF_RUNNABLE_LEN, WF_THREADS, WfConfig, WfCounts, WfCpuTopo, WfCq, WfCqKey, WfCqRow, WfHist,
+        WfQueue as Queue, WfReading as Reading, WfRunnable, WfSample, WfThread, WfWake as Wake,
     },
 };
 
@@ -212,6 +212,10 @@ pub fn wf_rxe_arm(ctx: ProbeContext) -> u32 {
         c.armed_at = t;
         c.posts_since_arm = 0;
     }
+    // The thread that arms its CQ (in its own context: rxe's arm is a system call) will most
+    // likely read its events: its periods are kept from here, before the first event can be
+    // raised, so that its first already-awake event is split whole.
+    keep_periods(tid());
     0
 }
 
@@ -541,6 +545,34 @@ pub fn wf_sched_switch(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// From now on, keep the periods of thread `tid` (the current one) for the split of its
+/// already-awake events, unless they are kept already. (Looked up first: an LRU insert takes a
+/// free node and copies the value before it checks the key.) The thread is on its CPU now: its
+/// first on-CPU period starts here.
+#[inline(always)]
+fn keep_periods(tid: u32) {
+    if WF_RUNNABLE.get_ptr(tid).is_some() {
+        return;
+    }
+    let Some(zero) = WF_RUNNABLE_ZERO.get_ptr(0) else {
+        return;
+    };
+    #[allow(
+        clippy::needless_borrows_for_generic_args,
+        reason = "by value, the record would be copied onto the BPF stack, which it does not fit"
+    )]
+    // SAFETY: a map value pointer, valid for the call; never written.
+    let _ = WF_RUNNABLE.insert(tid, unsafe { &*zero }, BPF_NOEXIST);
+    if let Some(r) = WF_RUNNABLE.get_ptr_mut(tid) {
+        let t = now();
+        // SAFETY: a hash map value; see `wf_sched_switch`. Only this thread makes its record.
+        unsafe {
+            (*r).kept_since = t;
+            (*r).on_since = t;
+        }
+    }
+}
+
 /// TASK_WAKING: `try_to_wake_up` sets it before it waits for the task to leave its CPU.
 const TASK_WAKING: u32 = 0x200;
 
@@ -566,10 +598,13 @@ fn wake_under_way(cfg: &WfConfig) -> bool {
 /// yet switched in) and on a CPU, from its kept periods; and whether older periods it no longer
 /// keeps may have fallen in it too. The thread is on its CPU at `t4` (its read returns).
 #[inline(always)]
-fn split_within(tid: u32, t1: u64, t4: u64) -> (u64, u64, bool) {
+fn split_within(tid: u32, t1: u64, t4: u64) -> Split {
     // SAFETY: copied out at once.
     let Some(r) = (unsafe { WF_RUNNABLE.get(tid) }) else {
-        return (0, 0, false);
+        return Split {
+            unkept: t4.saturating_sub(t1),
+            ..Split::default()
+        };
     };
     let overlap = |a: u64, b: u64| b.min(t4).saturating_sub(a.max(t1));
     let (mut runnable, mut on) = (0, 0);
@@ -591,7 +626,23 @@ fn split_within(tid: u32, t1: u64, t4: u64) -> (u64, u64, bool) {
             && r.on_start
                 .get((r.on_count % len) as usize)
                 .is_some_and(|&a| a > t1));
-    (runnable, on, short)
+    Split {
+        runnable,
+        on,
+        unkept: r.kept_since.min(t4).saturating_sub(t1),
+        short,
+    }
+}
+
+/// An already-awake event's T1→T4, split by its reader's kept periods: runnable off a CPU, on
+/// a CPU, and the part before its periods were kept; `short` when older periods that may
+/// have fallen in it are no longer kept.
+#[derive(Clone, Copy, Default)]
+struct Split {
+    runnable: u64,
+    on: u64,
+    unkept: u64,
+    short: bool,
 }
 
 // ---- T4: ib_uverbs_comp_event_read(struct file *filp, ...)
@@ -632,23 +683,8 @@ pub fn wf_read_entry(ctx: ProbeContext) -> u32 {
         _pad: 0,
     };
     let tid = pid_tgid as u32;
-    // From its first read on, the thread's runnable periods are kept (for already-awake events).
-    // (Looked up first: an LRU insert takes a free node and copies the value before it checks
-    // the key.) The thread is on its CPU now: its first on-CPU period starts here.
-    if WF_RUNNABLE.get_ptr(tid).is_none()
-        && let Some(zero) = WF_RUNNABLE_ZERO.get_ptr(0)
-    {
-        #[allow(
-            clippy::needless_borrows_for_generic_args,
-            reason = "by value, the record would be copied onto the BPF stack, which it does not fit"
-        )]
-        // SAFETY: a map value pointer, valid for the call; never written.
-        let _ = WF_RUNNABLE.insert(tid, unsafe { &*zero }, BPF_NOEXIST);
-        if let Some(r) = WF_RUNNABLE.get_ptr_mut(tid) {
-            // SAFETY: a hash map value; see `wf_sched_switch`.
-            unsafe { (*r).on_since = now() };
-        }
-    }
+    // From its first read on (or its first arm, on rxe), the thread's periods are kept.
+    keep_periods(tid);
     if let Err(e) = WF_READING.insert(tid, r, BPF_NOEXIST) {
         // A read of this thread is still open: its return was missed (a thread reads one
         // event at a time). It most likely returned its channel's oldest event: take that one
@@ -825,6 +861,9 @@ fn read_returned(ctx: &RetProbeContext, tid: u32, r: &Reading, t4: u64) {
         cpu_read: cpu4,
         flags: 0,
         class: CLASS_UNKNOWN,
+        awake_runnable: 0,
+        awake_on_cpu: 0,
+        awake_unkept: 0,
     };
     // SAFETY: copied out; removed below when consumed or stale.
     if let Some(w) = unsafe { WF_WAKE.get(tid) }.copied() {
@@ -854,12 +893,15 @@ fn read_returned(ctx: &RetProbeContext, tid: u32, r: &Reading, t4: u64) {
         q.on_cpu_at = s.t3;
     }
     s.class = class(s.cpu_handler, s.cpu_on);
-    let runnable = if s.flags & SF_WOKEN == 0 {
+    let split = if s.flags & SF_WOKEN == 0 {
         split_within(tid, t1, t4)
     } else {
-        (0, 0, false)
+        Split::default()
     };
-    record(slot, &s, runnable);
+    s.awake_runnable = split.runnable;
+    s.awake_on_cpu = split.on;
+    s.awake_unkept = split.unkept;
+    record(slot, &s, split.short);
     cq_row(slot, event_cq, &s);
 }
 
@@ -1077,7 +1119,7 @@ fn bump(slot: u32, kind: u32, cpu: u32) {
 }
 
 #[inline(always)]
-fn record(slot: u32, s: &WfSample, (awake_runnable, awake_on, short): (u64, u64, bool)) {
+fn record(slot: u32, s: &WfSample, short: bool) {
     let Some(c) = WF_COUNTS.get_ptr_mut(slot) else {
         return;
     };
@@ -1108,8 +1150,9 @@ fn record(slot: u32, s: &WfSample, (awake_runnable, awake_on, short): (u64, u64,
         }
     } else {
         c.counters[W_AWAKE as usize] += 1;
-        c.counters[W_AWAKE_RUNNABLE_SUM as usize] += awake_runnable;
-        c.counters[W_AWAKE_ON_CPU_SUM as usize] += awake_on;
+        c.counters[W_AWAKE_RUNNABLE_SUM as usize] += s.awake_runnable;
+        c.counters[W_AWAKE_ON_CPU_SUM as usize] += s.awake_on_cpu;
+        c.counters[W_AWAKE_UNKEPT_SUM as usize] += s.awake_unkept;
         if short {
             c.counters[W_AWAKE_SPLIT_SHORT as usize] += 1;
         }

@@ -851,6 +851,9 @@ mod tests {
                 0
             },
             class: 0,
+            awake_runnable: 0,
+            awake_on_cpu: 0,
+            awake_unkept: 0,
         }
     }
 

@@ -1147,6 +1147,13 @@ pub struct SampleRecord {
     pub cpu_on: u32,
     pub cpu_read: u32,
     pub class: &'static str,
+    /// An already-awake event's T1→T4 split from its reader's kept periods: runnable off a
+    /// CPU, and on a CPU (with `awake_unkept_ns`, the rest: asleep elsewhere); null for woken
+    /// events.
+    pub awake_runnable_ns: Option<u64>,
+    pub awake_on_cpu_ns: Option<u64>,
+    /// Of it, the part before the reader's periods were kept (not split).
+    pub awake_unkept_ns: Option<u64>,
 }
 
 pub fn records(samples: &[WfSample]) -> Vec<SampleRecord> {
@@ -1173,6 +1180,9 @@ pub fn records(samples: &[WfSample]) -> Vec<SampleRecord> {
                     .get(s.class as usize)
                     .copied()
                     .unwrap_or("unknown"),
+                awake_runnable_ns: (!woken).then_some(s.awake_runnable),
+                awake_on_cpu_ns: (!woken).then_some(s.awake_on_cpu),
+                awake_unkept_ns: (!woken).then_some(s.awake_unkept),
             }
         })
         .collect()

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use rdma_trace_common::waterfall::{
     CPU_HANDLER, CPU_READ, CPU_WAITER, CQ_SUMS, H_AWAKE, H_CLASS, H_DRIVER, H_READ, H_RUNQ,
     H_TOTAL, H_WAKE, L_CLAMPED, NR_CLASSES, NR_CPU_KINDS, W_AWAKE, W_AWAKE_ON_CPU_SUM,
-    W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_DRIVER_WOKEN_SUM, W_DROPPED, W_EVENTS,
-    W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_UNSTAMPED, W_WOKEN, WF_NHIST, WfCounts,
-    WfCqRow,
+    W_AWAKE_RUNNABLE_SUM, W_AWAKE_SPLIT_SHORT, W_AWAKE_UNKEPT_SUM, W_DRIVER_WOKEN_SUM, W_DROPPED,
+    W_EVENTS, W_NO_DRIVER, W_NO_SWITCH, W_SUM, W_UNMATCHED, W_UNSTAMPED, W_WOKEN, WF_NHIST,
+    WfCounts, WfCqRow,
 };
 use serde::Serialize;
 
@@ -233,6 +233,9 @@ pub struct Waterfall {
     pub awake_runnable_sum_ns: u64,
     /// Of the already-awake events' summed T1→T4, the time their readers were on a CPU.
     pub awake_on_cpu_sum_ns: u64,
+    /// Of the already-awake events' summed T1→T4, the part before their readers' periods were
+    /// kept (from a reader's first arm, on rxe, or else its first read): not split.
+    pub awake_unkept_sum_ns: u64,
     /// Already-awake events whose reader had more runnable or on-CPU periods in T1→T4 than the
     /// eBPF side keeps: their runnable and on-CPU parts are lower bounds.
     pub awake_split_short: u64,
@@ -319,6 +322,7 @@ impl Waterfall {
             awake_runnable_sum_ns: c.get(W_AWAKE_RUNNABLE_SUM),
             awake_split_short: c.get(W_AWAKE_SPLIT_SHORT),
             awake_on_cpu_sum_ns: c.get(W_AWAKE_ON_CPU_SUM),
+            awake_unkept_sum_ns: c.get(W_AWAKE_UNKEPT_SUM),
             stages,
             stages_per_event_ns: ratio(partition as f64, stamped),
             total_mean_ns: ratio(total_sum as f64, stamped),
@@ -545,10 +549,22 @@ pub fn render(title: &str, w: &Waterfall) -> String {
     }
     if let Some(awake) = w.stage("awake").filter(|s| s.sum_ns > 0) {
         let share = |ns: u64| pct(Some(ns as f64 / awake.sum_ns as f64));
-        let (runnable, on) = (w.awake_runnable_sum_ns, w.awake_on_cpu_sum_ns);
-        let asleep = awake.sum_ns.saturating_sub(runnable + on);
+        let (runnable, on, unkept) = (
+            w.awake_runnable_sum_ns,
+            w.awake_on_cpu_sum_ns,
+            w.awake_unkept_sum_ns,
+        );
+        let asleep = awake.sum_ns.saturating_sub(runnable + on + unkept);
+        let unkept = if unkept > 0 {
+            format!(
+                ", before the reader's first arm or read (not split) {}",
+                share(unkept)
+            )
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
-            "  already awake, of its {}: runnable but off a CPU (woken or preempted) {}, on a CPU {}, asleep elsewhere {}{}\n",
+            "  already awake, of its {}: runnable but off a CPU (woken or preempted) {}, on a CPU {}{unkept}, asleep elsewhere {}{}\n",
             human_ns_f(awake.sum_ns as f64),
             share(runnable),
             share(on),
@@ -945,6 +961,16 @@ mod tests {
         let text = render("x", &Waterfall::from_data(&t));
         assert!(
             text.contains("25.0% (1 events had more switches than are kept"),
+            "{text}"
+        );
+        // The part before the reader's periods were kept is named, and not asleep elsewhere.
+        t.counts.counters[W_AWAKE_SPLIT_SHORT as usize] = 0;
+        t.counts.counters[W_AWAKE_UNKEPT_SUM as usize] = 8_000;
+        let w = Waterfall::from_data(&t);
+        assert_eq!(w.awake_unkept_sum_ns, 8_000);
+        let text = render("x", &w);
+        assert!(
+            text.contains("on a CPU 50.0%, before the reader's first arm or read (not split) 20.0%, asleep elsewhere 5.0%\n"),
             "{text}"
         );
         // No awake events, no split line.

@@ -99,6 +99,9 @@ mod tests {
             cpu_read: 1,
             flags: SF_WOKEN,
             class: 0,
+            awake_runnable: 0,
+            awake_on_cpu: 0,
+            awake_unkept: 0,
         }
     }
 

@@ -74,7 +74,7 @@ fn counts_match_the_demo(phase: &Value, demo: &Value, what: &str) {
 /// `p9_virtio_zc_request`, seen with ftrace in the 6.1 guest). With the hog starving the I/O's
 /// completion on the demo's CPU, those sleeps grew into "asleep elsewhere": a cause of the
 /// environment, not the injected one.
-fn demo_in_memory() -> &'static str {
+pub(super) fn demo_in_memory() -> &'static str {
     static COPY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     COPY.get_or_init(|| {
         let path = std::env::var_os("PATH").expect("PATH");
@@ -187,9 +187,9 @@ fn a_cpu_hog_pinned_with_the_demo_adds_its_time_where_readers_wait_for_a_cpu() {
     // 4–47 % of the added time: 53–70 % of it runnable (run from the 9p share, 31–71 %: its
     // code was paged in during the data phase). On 6.12 the hog's time lands in the run queue;
     // already awake takes 2–11 % of it, and of that only 8–91 % is runnable, the rest "asleep
-    // elsewhere" (not understood yet, issue 22; a suspect: `sched_waking` runs the kernel
-    // skipped while another BPF program ran on the CPU, `recursion_misses`), so the split is
-    // held to the truth where it carries the hog's time.
+    // elsewhere" (mostly each thread's first event, raised before its first read, from which
+    // alone its periods were kept; now they are kept from its first arm: docs/waterfall.md),
+    // so the split is held to the truth where it carries the hog's time.
     if awake_added >= 0.25 * added {
         assert!(
             runnable_added >= 0.5 * awake_added,
