@@ -24,6 +24,8 @@ const RDMA_TRACE: &str = env!("CARGO_BIN_EXE_rdma-trace");
 mod budget;
 #[path = "guest/consumers.rs"]
 mod consumers;
+#[path = "guest/crosscheck.rs"]
+mod crosscheck;
 #[path = "guest/ground_truth.rs"]
 mod ground_truth;
 mod guest_drivers;

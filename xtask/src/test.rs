@@ -4,7 +4,8 @@
 //! the `host` and `guest` test targets; unit and CLI tests (`cargo test`); host eBPF tests (the
 //! `host` targets; root); guest tests (the `guest` targets) inside the QEMU test bed on Debian
 //! 6.1 (all) and 6.12 (the part [`kernel_suite`] names), and on each the `--enforce` test in a
-//! boot of its own with one TCG thread ([`ENFORCE_TEST`]); the main job (`cargo xtask run`)
+//! boot of its own with one TCG thread ([`ENFORCE_TEST`]) and the cross-checks against bpftrace
+//! in a boot of the bench image ([`CROSSCHECK_TESTS`]); the main job (`cargo xtask run`)
 //! driven in tmux: live view up, `q` quits. A layer is skipped only when a flag asks for it, and
 //! the summary says so. A layer of tests that ran no test fails; the summary gives the number of
 //! tests each one ran.
@@ -174,6 +175,11 @@ pub fn run(args: &Args) -> Result<()> {
             let name = format!("--enforce on {} (1 TCG thread)", kernel.name());
             match trace {
                 Some(exe) => test_step(&mut steps, &name, || enforce_test(kernel, exe)),
+                None => skip(&mut steps, &name, "no rdma-trace guest test executable"),
+            }
+            let name = format!("bpftrace cross-check on {}", kernel.name());
+            match trace {
+                Some(exe) => test_step(&mut steps, &name, || crosscheck_test(kernel, exe)),
                 None => skip(&mut steps, &name, "no rdma-trace guest test executable"),
             }
         }
@@ -972,33 +978,65 @@ pub const ENFORCE_TEST: &str =
     "budget::run_over_a_tight_budget_with_enforce_drops_probes_and_says_which";
 
 fn enforce_test(kernel: vm::Kernel, exe: &std::path::Path) -> Result<Vec<String>> {
+    let run = vm::GuestRun {
+        kernel,
+        timeout: Duration::from_secs(900),
+        one_tcg_thread: true,
+        ..Default::default()
+    };
+    tests_in_their_own_boot(exe, &[ENFORCE_TEST], "enforce", "--enforce", run)
+}
+
+/// The guest tests that hold the completion waterfall against bpftrace, a second tracer run
+/// at the same time. They are `#[ignore]`d in the suites' boots, whose image has no bpftrace;
+/// here they run in a boot of the bench image (the test bed plus bpftrace and bpftool).
+pub const CROSSCHECK_TESTS: &[&str] = &[
+    "crosscheck::handler_to_read_per_thread_agrees_with_bpftrace",
+    "crosscheck::already_awake_split_agrees_with_bpftraces_switch_log_under_a_cpu_hog",
+];
+
+fn crosscheck_test(kernel: vm::Kernel, exe: &std::path::Path) -> Result<Vec<String>> {
+    let run = vm::GuestRun {
+        kernel,
+        timeout: Duration::from_secs(600),
+        bench: true,
+        mem_mib: 3072,
+        ..Default::default()
+    };
+    tests_in_their_own_boot(exe, CROSSCHECK_TESTS, "crosscheck", "bpftrace", run)
+}
+
+/// Runs the ignored guest tests `tests` of `exe` alone in a boot of their own (`run`, whose
+/// command this sets), booted once more after a kernel panic; `label` names its results
+/// folder, `what` the boot in messages. Fails unless exactly those tests ran and passed.
+fn tests_in_their_own_boot(
+    exe: &std::path::Path,
+    tests: &[&str],
+    label: &str,
+    what: &str,
+    mut run: vm::GuestRun,
+) -> Result<Vec<String>> {
+    let kernel = run.kernel;
     let results = target_dir()
         .join("vm-results")
-        .join(format!("enforce-{}", kernel.name()));
+        .join(format!("{label}-{}", kernel.name()));
     let _ = std::fs::remove_dir_all(&results);
     std::fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
-    let log = results.join("enforce.log");
-    let script = format!(
-        "{} --ignored --exact {ENFORCE_TEST} --test-threads=1 2>&1 | tee {}\nexit ${{PIPESTATUS[0]}}\n",
+    let log = results.join(format!("{label}.log"));
+    run.cmd = vec![format!(
+        "{} --ignored --exact {} --test-threads=1 2>&1 | tee {}\nexit ${{PIPESTATUS[0]}}\n",
         vm::shell_quote(&exe.to_string_lossy()),
+        tests.join(" "),
         vm::shell_quote(&log.to_string_lossy()),
-    );
-    let boot = || {
-        vm::run_in_guest_to_end(&vm::GuestRun {
-            kernel,
-            timeout: Duration::from_secs(900),
-            cmd: vec![script.clone()],
-            one_tcg_thread: true,
-            ..Default::default()
-        })
-    };
+    )];
+    let boot = || vm::run_in_guest_to_end(&run);
     let (code, reran) =
-        boot_again_after_a_panic(&format!("the {} --enforce guest", kernel.name()), boot)?;
+        boot_again_after_a_panic(&format!("the {} {what} guest", kernel.name()), boot)?;
     let out = std::fs::read_to_string(&log).unwrap_or_default();
     let mut summaries = suite_outcome(&out, "").summaries;
-    if code != 0 || tests_run(&summaries) != 1 {
+    if code != 0 || tests_run(&summaries) != tests.len() as u64 {
         bail!(
-            "the --enforce guest test failed (status {code}): {}",
+            "the {what} guest tests failed (status {code}): {}",
             summaries.join("; ")
         );
     }
