@@ -442,10 +442,10 @@ pub struct WfWake {
 /// Runnable periods a reader thread's record keeps (see [`WfRunnable`]).
 pub const WF_RUNNABLE_LEN: u32 = 32;
 
-/// Per reader thread (from its first arm, on rxe, or else its first read): its last [`WF_RUNNABLE_LEN`] periods on a CPU, and
-/// as many runnable but
-/// off a CPU (from a wake-up, or a switch-out while runnable, to the switch-in), for the part of an already-awake
-/// event's T1→T4 spent waiting for a CPU. A reader preempted more often than that within one
+/// Per reader thread (from its first arm, on rxe, or else its first read): its last
+/// [`WF_RUNNABLE_LEN`] periods on a CPU, and as many runnable but off a CPU (from a wake-up, or
+/// a switch-out while runnable, to the switch-in), for the part of an already-awake event's
+/// T1→T4 spent waiting for a CPU. A reader preempted more often than that within one
 /// event's T1→T4 has its oldest periods left out (the split is then a lower bound).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

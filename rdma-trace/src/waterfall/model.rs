@@ -950,28 +950,25 @@ mod tests {
         let mut t = thread(7, 7, &[(1_000, 5_000, 2_000)], &[10_000, 30_000]);
         t.counts.counters[W_AWAKE_RUNNABLE_SUM as usize] = 10_000;
         t.counts.counters[W_AWAKE_ON_CPU_SUM as usize] = 20_000;
-        let w = Waterfall::from_data(&t);
-        assert_eq!(w.awake_runnable_sum_ns, 10_000);
-        let text = render("x", &w);
-        assert!(
-            text.contains("already awake, of its 40.0us: runnable but off a CPU (woken or preempted) 25.0%, on a CPU 50.0%, asleep elsewhere 25.0%\n"),
-            "{text}"
+        // The split line of `t`'s waterfall, checked to hold `want`.
+        let says = |t: &ThreadData, want: &str| {
+            let text = render("x", &Waterfall::from_data(t));
+            assert!(text.contains(want), "{text}");
+        };
+        assert_eq!(Waterfall::from_data(&t).awake_runnable_sum_ns, 10_000);
+        says(
+            &t,
+            "already awake, of its 40.0us: runnable but off a CPU (woken or preempted) 25.0%, on a CPU 50.0%, asleep elsewhere 25.0%\n",
         );
         t.counts.counters[W_AWAKE_SPLIT_SHORT as usize] = 1;
-        let text = render("x", &Waterfall::from_data(&t));
-        assert!(
-            text.contains("25.0% (1 events had more switches than are kept"),
-            "{text}"
-        );
+        says(&t, "25.0% (1 events had more switches than are kept");
         // The part before the reader's periods were kept is named, and not asleep elsewhere.
         t.counts.counters[W_AWAKE_SPLIT_SHORT as usize] = 0;
         t.counts.counters[W_AWAKE_UNKEPT_SUM as usize] = 8_000;
-        let w = Waterfall::from_data(&t);
-        assert_eq!(w.awake_unkept_sum_ns, 8_000);
-        let text = render("x", &w);
-        assert!(
-            text.contains("on a CPU 50.0%, before the reader's first arm or read (not split) 20.0%, asleep elsewhere 5.0%\n"),
-            "{text}"
+        assert_eq!(Waterfall::from_data(&t).awake_unkept_sum_ns, 8_000);
+        says(
+            &t,
+            "on a CPU 50.0%, before the reader's first arm or read (not split) 20.0%, asleep elsewhere 5.0%\n",
         );
         // No awake events, no split line.
         let text = render("x", &Waterfall::from_data(&thread(7, 7, &[(1, 2, 3)], &[])));

@@ -25,7 +25,7 @@ use std::{
 use serde_json::Value;
 
 use super::{
-    ground_truth::demo_in_memory,
+    ground_truth::{cpu_hog, demo_in_memory, last_cpu},
     harness::{find_by, run_demo, run_json, signal},
     kill_on_drop::KillOnDrop,
 };
@@ -271,20 +271,8 @@ fn split_from_log(log: &Log, tid: u64, t1: u64, t4: u64) -> Option<[u64; 3]> {
 #[test]
 #[ignore = "needs bpftrace: cargo xtask test runs it in a boot of the bench image"]
 fn already_awake_split_agrees_with_bpftraces_switch_log_under_a_cpu_hog() {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let cpu = (cpus - 1).to_string();
-    let hog = KillOnDrop::spawn(Command::new("taskset").args([
-        "-c",
-        &cpu,
-        "sh",
-        "-c",
-        "while :; do :; done",
-    ]));
-    let renice = Command::new("renice")
-        .args(["-n", "-5", "-p", &hog.id().to_string()])
-        .status()
-        .expect("run renice");
-    assert!(renice.success(), "renice -5 the hog: {renice}");
+    let cpu = last_cpu();
+    let hog = cpu_hog(&cpu);
     let bpftrace = Bpftrace::start(&format!("{HANDLER_TO_READ}{SWITCHES}"));
     let mut args = vec![
         "run",

@@ -110,25 +110,36 @@ fn pinned_run(cpu: &str, name: &str) -> (Value, Value) {
     (run.report["phases"][0].clone(), demo)
 }
 
-#[test]
-fn a_cpu_hog_pinned_with_the_demo_adds_its_time_where_readers_wait_for_a_cpu() {
+/// The machine's last CPU, where the hog tests pin the demo and the hog.
+pub(super) fn last_cpu() -> String {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let cpu = (cpus - 1).to_string();
-    let (base, base_demo) = pinned_run(&cpu, "truth-base");
+    (cpus - 1).to_string()
+}
+
+/// The injected cause: a busy loop pinned to `cpu`, at nice -5, killed when dropped. At nice -5
+/// the hog weighs 3 times the demo's threads. (At -20, 87 times: a 100-round-trip demo then
+/// took 3 minutes under TCG.)
+pub(super) fn cpu_hog(cpu: &str) -> KillOnDrop {
     let hog = KillOnDrop::spawn(Command::new("taskset").args([
         "-c",
-        &cpu,
+        cpu,
         "sh",
         "-c",
         "while :; do :; done",
     ]));
-    // At nice -5 the hog weighs 3 times the demo's threads. (At -20, 87 times: a 100-round-trip
-    // demo then took 3 minutes under TCG.)
     let renice = Command::new("renice")
         .args(["-n", "-5", "-p", &hog.id().to_string()])
         .status()
         .expect("run renice");
     assert!(renice.success(), "renice -5 the hog: {renice}");
+    hog
+}
+
+#[test]
+fn a_cpu_hog_pinned_with_the_demo_adds_its_time_where_readers_wait_for_a_cpu() {
+    let cpu = last_cpu();
+    let (base, base_demo) = pinned_run(&cpu, "truth-base");
+    let hog = cpu_hog(&cpu);
     let (loaded, loaded_demo) = pinned_run(&cpu, "truth-hog");
     drop(hog);
     counts_match_the_demo(&base, &base_demo, "without the hog");
